@@ -1,0 +1,82 @@
+"""Small pure-ASGI helpers shared by the endpoint, the policies and the operational routes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from gateway.protocol import jsonrpc as rpc
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def header_dict(scope: Scope) -> dict[str, str]:
+    """Request headers with lower-case names and trimmed values (OWS is not part of a field
+    value, RFC 9110 §5.5). A repeated header keeps its first value."""
+    out: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        key = name.decode("latin-1").lower()
+        if key not in out:
+            out[key] = value.decode("latin-1").strip(" \t")
+    return out
+
+
+def get_header(scope: Scope, name: bytes) -> bytes | None:
+    """One request header by lower-case name (ASGI servers lower-case header names)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
+async def send_bytes(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    hdrs = list(headers or JSON_HEADERS)
+    hdrs.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send: Send, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send_bytes(send, status, orjson.dumps(payload), JSON_HEADERS + (extra or []))
+
+
+async def send_error(send: Send, error: rpc.McpError) -> None:
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+    await send_json(send, error.status, error.to_message(), extra)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body, refusing more than `limit` bytes (chunked bodies included)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge()
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -1,0 +1,147 @@
+"""The backend interface.
+
+Like httpx's transport, a backend has one working method: `send(call) -> Reply`. Everything
+clever (routing, aggregation, caching, the subscription hub) lives above it, and every
+protocol era lives below it, so a new era or transport is a new subclass and nothing else.
+
+`subscriptions/listen` is just a call whose reply is a long-lived stream, so the hub needs no
+extra method. `discover()` is a convenience over `send` that the gateway uses for itself.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import meta
+from gateway.protocol.methods import METHODS
+from gateway.protocol.request import Call
+from gateway.protocol.versions import LATEST_MODERN
+from gateway.settings import BackendSettings
+
+log = logging.getLogger("gateway.backends")
+
+Message = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Reply:
+    """A backend's answer to one call: a complete message, or a stream of messages that ends
+    with the final response (notifications scoped to the request come first)."""
+
+    backend: str
+    status: int = 200
+    message: Message | None = None
+    stream: AsyncIterator[Message] | None = None
+    # The body as received, when it can be relayed unchanged (saves one encode).
+    raw: bytes | None = None
+    # Extra response headers for the client (e.g. X-Cache), set above the backend.
+    headers: list[tuple[bytes, bytes]] | None = None
+
+    async def final(self) -> Message:
+        """The final JSON-RPC response; notifications on a stream are dropped."""
+        if self.message is not None:
+            return self.message
+        assert self.stream is not None
+        last: Message | None = None
+        try:
+            async for msg in self.stream:
+                if "method" not in msg:
+                    last = msg
+                    break
+        finally:
+            await aclose(self.stream)
+        if last is None:
+            raise rpc.backend_protocol_error(self.backend, "stream ended without a response")
+        self.message = last
+        return last
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            await aclose(self.stream)
+
+
+async def aclose(stream: AsyncIterator[Any]) -> None:
+    closer = getattr(stream, "aclose", None)
+    if closer is not None:
+        await closer()
+
+
+def internal_call(method: str, params: dict[str, Any] | None = None, *, request_id: rpc.RequestId = 0) -> Call:
+    """A request the gateway makes on its own behalf (discovery, hub listens, index refresh)."""
+    p = dict(params or {})
+    p["_meta"] = {
+        meta.PROTOCOL_VERSION: LATEST_MODERN,
+        meta.CLIENT_CAPABILITIES: {},
+        **p.get("_meta", {}),
+    }
+    spec = METHODS.get(method)
+    name = p.get(spec.name_field) if spec and spec.name_field else None
+    body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": p})
+    return Call(request_id, method, p, LATEST_MODERN, spec, name, body, {})
+
+
+class Backend(abc.ABC):
+    """One upstream MCP server."""
+
+    def __init__(self, settings: BackendSettings) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self._discovered: Message | None = None
+        self._discovered_at = 0.0
+        self._discover_lock = asyncio.Lock()
+        self.last_error: str | None = None
+
+    @abc.abstractmethod
+    async def send(self, call: Call) -> Reply:
+        """Deliver one call and return the answer. Raises McpError for gateway-made failures
+        (unreachable, timeout, protocol violation); a backend's own JSON-RPC error is a Reply."""
+
+    async def start(self) -> None:
+        """Open pools, spawn processes. Must not fail when the backend is down."""
+
+    async def aclose(self) -> None:
+        """Release everything; called once at shutdown."""
+
+    @property
+    def capabilities(self) -> dict[str, Any] | None:
+        """The backend's advertised capabilities, or None while unknown."""
+        if self._discovered is None:
+            return None
+        caps = self._discovered.get("capabilities")
+        return caps if isinstance(caps, dict) else {}
+
+    @property
+    def discover_result(self) -> Message | None:
+        return self._discovered
+
+    async def discover(self, *, max_age: float = 300.0) -> Message:
+        """The backend's DiscoverResult, refreshed when older than `max_age` seconds."""
+        if self._discovered is not None and time.monotonic() - self._discovered_at < max_age:
+            return self._discovered
+        async with self._discover_lock:
+            if self._discovered is not None and time.monotonic() - self._discovered_at < max_age:
+                return self._discovered
+            reply = await self.send(internal_call("server/discover"))
+            msg = await reply.final()
+            result = msg.get("result")
+            if not isinstance(result, dict):
+                err = msg.get("error") or {}
+                raise rpc.backend_protocol_error(
+                    self.name, f"server/discover failed: {err.get('code')} {err.get('message')}"
+                )
+            self._discovered = result
+            self._discovered_at = time.monotonic()
+            self.last_error = None
+            return result
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

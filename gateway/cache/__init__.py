@@ -1,0 +1,50 @@
+"""The response cache seam (issue: shared, scope-correct response cache).
+
+The dispatcher sends every cacheable backend call (`tools/list` pages, `resources/read`, …)
+through `ResponseCache.fetch`, which either answers from the store or calls `load` and maybe
+stores the answer. The outcome becomes the `X-Cache` response header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from gateway.backends.base import Message
+    from gateway.protocol.request import Call
+    from gateway.routing.table import Target
+
+Outcome = Literal["hit", "miss", "stale", "bypass"]
+Loader = Callable[[], Awaitable["Message"]]
+
+
+class ResponseCache(Protocol):
+    async def fetch(self, target: Target, call: Call, load: Loader) -> tuple[Message, Outcome]: ...
+
+    async def invalidate_lists(self, backend: str, methods: tuple[str, ...] | None = None) -> None: ...
+
+    async def invalidate_resource(self, backend: str, uri: str) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class NoCache:
+    """Every call goes to the backend."""
+
+    async def fetch(self, target: Target, call: Call, load: Loader) -> tuple[Message, Outcome]:
+        return await load(), "bypass"
+
+    async def invalidate_lists(self, backend: str, methods: tuple[str, ...] | None = None) -> None:
+        return None
+
+    async def invalidate_resource(self, backend: str, uri: str) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,190 @@
+"""`mcp-gateway serve | check-config | routes | demo-backend`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from gateway import __version__
+from gateway.settings import CONFIG_ENV, ConfigError, GatewaySettings, load_settings
+
+log = logging.getLogger("gateway")
+
+
+def _load(path: str | None) -> GatewaySettings:
+    return load_settings(path or os.environ.get(CONFIG_ENV))
+
+
+def _with_server(settings: GatewaySettings, **changes: Any) -> GatewaySettings:
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        return settings
+    return settings.model_copy(update={"server": settings.server.model_copy(update=changes)})
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _serve(settings: GatewaySettings) -> None:
+    import uvicorn
+
+    from gateway.app import build_app
+    from gateway.demo.backend import demo_app
+
+    servers: list[uvicorn.Server] = []
+    demo_server = None
+    if settings.demo or not settings.backends:
+        demo_sock = _bind("127.0.0.1", 0)
+        demo_port = demo_sock.getsockname()[1]
+        demo_server = uvicorn.Server(uvicorn.Config(demo_app, log_level="warning", lifespan="off"))
+        settings = settings.model_copy(update={"backends": (
+            *settings.backends,
+            *GatewaySettings(backends=[{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp",
+                                        "era": "modern"}]).backends,
+        )})
+        log.info("no backends configured: serving the bundled demo backend on 127.0.0.1:%d", demo_port)
+        demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock]))
+    app = build_app(settings)
+
+    class GatewayServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # Long-lived streams get their graceful end first, so the drain can finish.
+            await app.runtime.begin_shutdown()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        lifespan="on",
+        log_level=settings.observability.log_level,
+        access_log=settings.observability.access_log,
+        timeout_graceful_shutdown=settings.server.graceful_shutdown_seconds,
+        server_header=False,
+    )
+    server = GatewayServer(config)
+    servers.append(server)
+    print(f"mcp-gateway {__version__} listening on http://{settings.server.host}:{settings.server.port}"
+          f"{settings.server.path} with {len(settings.backends)} backend(s): "
+          f"{', '.join(b.name for b in settings.backends)}", flush=True)
+    try:
+        await server.serve()
+    finally:
+        if demo_server is not None:
+            demo_server.should_exit = True
+            await demo_task
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        settings = _with_server(_load(args.config), host=args.host, port=args.port)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 2
+    logging.basicConfig(level=settings.observability.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every upstream request at INFO: one line per call is noise, not signal.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        import uvloop  # noqa: F401  (uvicorn[standard]: the fast loop)
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    runner(_serve(settings))
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.file)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 1
+    from gateway.backends import UnsupportedBackend, create_backend
+
+    problems = []
+    for b in settings.backends:
+        try:
+            create_backend(b)
+        except UnsupportedBackend as exc:
+            problems.append((f"backends.{settings.backends.index(b)}", str(exc)))
+    if problems:
+        _print_problems(ConfigError(problems))
+        return 1
+    print(f"{args.file}: OK ({len(settings.backends)} backend(s), cache: {settings.cache.store}, "
+          f"auth: {settings.auth.mode})")
+    return 0
+
+
+def cmd_routes(args: argparse.Namespace) -> int:
+    try:
+        settings = _load(args.config)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 1
+    for b in settings.backends:
+        where = b.url or " ".join(b.command or ())
+        prefix = settings.prefix_of(b)
+        print(f"{b.name:<20} era={b.era:<7} prefix={prefix!r:<16} {where}")
+        for p in b.resource_prefixes:
+            print(f"{'':<20} resources under {p!r}")
+    return 0
+
+
+def cmd_demo_backend(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.demo.backend import demo_app
+
+    uvicorn.run(demo_app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+    return 0
+
+
+def _print_problems(exc: ConfigError) -> None:
+    print("configuration is invalid:", file=sys.stderr)
+    for loc, msg in exc.problems:
+        print(f"  {loc}: {msg}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mcp-gateway", description="A gateway for the Model Context Protocol.")
+    parser.add_argument("--version", action="version", version=f"mcp-gateway {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the gateway")
+    p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV}); none: the bundled demo backend")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("check-config", help="validate a config file and print every problem")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_check_config)
+
+    p = sub.add_parser("routes", help="print the backends and the names they own")
+    p.add_argument("--config")
+    p.set_defaults(func=cmd_routes)
+
+    p = sub.add_parser("demo-backend", help="run the bundled demo MCP backend on its own")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9001)
+    p.set_defaults(func=cmd_demo_backend)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""From a validated Call to a Reply: route, fan out, forward, and rewrite what comes back.
+
+This is the gateway's one place that knows what each modern method means: `server/discover`
+is answered here, `*/list` is aggregated, named calls go to the backend that owns the name,
+`subscriptions/listen` joins the hub. What leaves is always a modern answer: `resultType`
+present, names as the client sees them, no legacy error codes (digest §a.4, §j).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from gateway import __version__
+from gateway.backends.base import Message, Reply, aclose
+from gateway.cache import NoCache, Outcome, ResponseCache
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import meta
+from gateway.protocol.request import Call, check_param_headers
+from gateway.protocol.versions import MODERN_VERSIONS
+from gateway.routing.fanout import aggregate_list
+from gateway.routing.table import RouteTable, Target
+
+log = logging.getLogger("gateway.dispatch")
+
+SERVER_INFO = {"name": "mcp-gateway", "version": __version__}
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+# Re-read a backend's tools/list at most this often when a call names a tool the index lacks.
+_TOOL_INDEX_REFRESH_SECONDS = 5.0
+
+
+class Hub(Protocol):
+    """The subscription hub seam: turns a client's listen call into its notification stream."""
+
+    async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply: ...
+
+
+class Dispatcher:
+    def __init__(self, table: RouteTable, *, cache: ResponseCache | None = None, hub: Hub | None = None,
+                 instructions: str | None = None) -> None:
+        self.table = table
+        self.cache: ResponseCache = cache or NoCache()
+        self.hub = hub
+        self.instructions = instructions
+        self._tool_index_refreshed: dict[str, float] = {}
+
+    async def dispatch(self, call: Call) -> Reply:
+        method = call.method
+        if method == "server/discover":
+            return await self._discover(call)
+        spec = call.spec
+        assert spec is not None
+        if spec.list_key is not None:
+            return await self._list(call)
+        if method in ("tools/call", "prompts/get"):
+            return await self._named(call)
+        if method == "resources/read":
+            return await self._read(call)
+        if method == "completion/complete":
+            return await self._complete(call)
+        if method == "subscriptions/listen":
+            if self.hub is None:
+                raise rpc.method_not_found(method, call.id)
+            return await self.hub.listen(call, self.table.targets)
+        raise rpc.method_not_found(method, call.id)
+
+    # -- capability view of the fleet -----------------------------------------------------
+
+    def capable(self, capability: str | None) -> tuple[Target, ...]:
+        """Targets that advertise `capability`, or whose capabilities are not known yet."""
+        if capability is None:
+            return self.table.targets
+        return tuple(
+            t for t in self.table.targets if t.backend.capabilities is None or capability in t.backend.capabilities
+        )
+
+    # -- server/discover ------------------------------------------------------------------
+
+    async def _discover(self, call: Call) -> Reply:
+        results: list[Message] = []
+        for target in self.table.targets:
+            try:
+                results.append(await target.backend.discover())
+            except rpc.McpError as exc:
+                log.warning("server/discover: backend %s left out: %s", target.backend.name, exc.message)
+        result: dict[str, Any] = {
+            "supportedVersions": list(MODERN_VERSIONS),
+            "capabilities": merge_capabilities([r.get("capabilities") or {} for r in results]),
+            "resultType": "complete",
+            # The fleet's capabilities change only with its membership; a short, shared TTL.
+            "ttlMs": min([_ttl(r) for r in results] + [60_000]) if results else 0,
+            "cacheScope": "private" if any(r.get("cacheScope") != "public" for r in results) else "public",
+            "_meta": {meta.SERVER_INFO: SERVER_INFO},
+        }
+        instructions = self.instructions or _joined_instructions(self.table, results)
+        if instructions:
+            result["instructions"] = instructions
+        return Reply("gateway", message=rpc.result_message(call.id, result))  # type: ignore[arg-type]
+
+    # -- aggregated lists -----------------------------------------------------------------
+
+    async def _list(self, call: Call) -> Reply:
+        assert call.spec is not None
+        targets = self.capable(call.spec.capability)
+        if not targets:
+            raise rpc.method_not_found(call.method, call.id)
+        outcomes: list[Outcome] = []
+
+        async def fetch(target: Target, sub: Call) -> Message:
+            message, outcome = await self.cache.fetch(target, sub, lambda: self._final(target, sub))
+            outcomes.append(outcome)
+            return message
+
+        result = await aggregate_list(call, self.table, targets, fetch)
+        result.setdefault("_meta", {})[meta.SERVER_INFO] = SERVER_INFO
+        return Reply("gateway", message=rpc.result_message(call.id, result),  # type: ignore[arg-type]
+                     headers=_cache_header(outcomes))
+
+    # -- named calls ----------------------------------------------------------------------
+
+    async def _named(self, call: Call) -> Reply:
+        assert call.name is not None
+        kind = "tool" if call.method == "tools/call" else "prompt"
+        resolved = self.table.resolve_name(call.name)
+        if resolved is None:
+            raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
+                                     data={"name": call.name})
+        target, upstream_name = resolved
+        if call.method == "tools/call":
+            annotations = await self._param_annotations(target, upstream_name)
+            if annotations:
+                check_param_headers(call, annotations)
+        return await self._forward(target, call.with_name(upstream_name))
+
+    async def _param_annotations(self, target: Target, tool: str) -> Any:
+        annotations = self.table.param_headers(target, tool)
+        if annotations is not None:
+            return annotations
+        # The tool was not seen in a tools/list yet: read the backend's list once (bounded in
+        # rate) so that `x-mcp-header` rules are enforced from the first call.
+        name = target.backend.name
+        now = time.monotonic()
+        if now - self._tool_index_refreshed.get(name, 0.0) < _TOOL_INDEX_REFRESH_SECONDS:
+            return None
+        self._tool_index_refreshed[name] = now
+        try:
+            await self.refresh_tool_index(target)
+        except rpc.McpError as exc:
+            log.info("tools index refresh for %s failed: %s", name, exc.message)
+        return self.table.param_headers(target, tool)
+
+    async def refresh_tool_index(self, target: Target) -> None:
+        from gateway.backends.base import internal_call
+
+        cursor: str | None = None
+        for _ in range(100):  # bounded: a backend that pages forever is not followed forever
+            params = {"cursor": cursor} if cursor is not None else {}
+            message = await self._final(target, internal_call("tools/list", params))
+            result = message.get("result") or {}
+            self.table.filter_tools(target, result.get("tools") or [])
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str):
+                return
+
+    async def _read(self, call: Call) -> Reply:
+        assert call.name is not None
+        target = self.table.resolve_uri(call.name)
+        if target is None:
+            raise rpc.invalid_params(f"Resource not found: {call.name!r} (no backend serves this URI)", call.id,
+                                     data={"uri": call.name})
+        m = call.meta
+        streaming = meta.PROGRESS_TOKEN in m or meta.LOG_LEVEL in m
+        if streaming or "inputResponses" in call.params or "requestState" in call.params:
+            return await self._forward(target, call)
+        message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
+        return Reply(target.backend.name, status=_status_of(message), message=message,
+                     headers=_cache_header([outcome]))
+
+    async def _complete(self, call: Call) -> Reply:
+        ref = call.params.get("ref")
+        if not isinstance(ref, dict):
+            raise rpc.invalid_params('"ref" must be an object', call.id)
+        if ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str):
+            resolved = self.table.resolve_name(ref["name"])
+            if resolved is None:
+                raise rpc.invalid_params(f"Unknown prompt: {ref['name']!r}", call.id)
+            target, upstream = resolved
+            params = dict(call.params)
+            params["ref"] = {**ref, "name": upstream}
+            return await self._forward(target, call.with_params(params))
+        if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
+            target = self.table.resolve_uri(ref["uri"])
+            if target is None:
+                raise rpc.invalid_params(f"Resource not found: {ref['uri']!r}", call.id)
+            return await self._forward(target, call)
+        raise rpc.invalid_params('"ref" must be a ref/prompt with a name or a ref/resource with a uri', call.id)
+
+    # -- forwarding -----------------------------------------------------------------------
+
+    async def _final(self, target: Target, call: Call) -> Message:
+        reply = await target.backend.send(call)
+        return modernize(await reply.final(), call, target.backend.name)
+
+    async def _forward(self, target: Target, call: Call) -> Reply:
+        reply = await target.backend.send(call)
+        if reply.message is not None:
+            fixed = modernize(reply.message, call, reply.backend)
+            if fixed is not reply.message:
+                reply.message, reply.raw = fixed, None
+            return reply
+        assert reply.stream is not None
+        reply.stream = _modernize_stream(reply.stream, call, reply.backend)
+        return reply
+
+
+def modernize(message: Message, call: Call, backend: str) -> Message:
+    """Make a backend's final response a valid modern answer for this call. Returns the same
+    object when nothing had to change (the fast path relays the backend's bytes)."""
+    result = message.get("result")
+    if isinstance(result, dict):
+        rtype = result.get("resultType")
+        if rtype is None:
+            # Servers implementing 2026-07-28 MUST include it (schema `Result`).
+            return {**message, "result": {**result, "resultType": "complete"}}
+        if rtype in ("complete", "input_required"):
+            if rtype == "input_required" and not (call.spec is not None and call.spec.mrtr):
+                raise rpc.backend_protocol_error(backend, f"input_required is not allowed for {call.method}", call.id)
+            return message
+        if rtype == "task" and TASKS_EXTENSION in (call.client_capabilities.get("extensions") or {}):
+            return message
+        raise rpc.backend_protocol_error(backend, f"result type {rtype!r} the client did not negotiate", call.id)
+    error = message.get("error")
+    if isinstance(error, dict) and error.get("code") == rpc.LEGACY_RESOURCE_NOT_FOUND:
+        # Modern implementations MUST NOT emit -32002 (digest §a.4, §h.7).
+        return {**message, "error": {**error, "code": rpc.INVALID_PARAMS}}
+    return message
+
+
+async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str) -> AsyncIterator[Message]:
+    wants_logs = call.log_level is not None
+    try:
+        async for msg in stream:
+            method = msg.get("method")
+            if method is None:
+                yield modernize(msg, call, backend)
+                return
+            if "id" in msg:
+                # Servers MUST NOT send requests on any stream (SHTTP); never relay one.
+                log.warning("backend %s sent a request (%s) on a response stream; dropped", backend, method)
+                continue
+            if method == "notifications/message" and not wants_logs:
+                continue  # LOG: no log messages for requests without a logLevel
+            yield msg
+        raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
+    finally:
+        await aclose(stream)
+
+
+def merge_capabilities(all_caps: list[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for caps in all_caps:
+        for key in ("tools", "prompts", "resources"):
+            if isinstance(caps.get(key), dict):
+                into = merged.setdefault(key, {})
+                for flag in ("listChanged", "subscribe"):
+                    if caps[key].get(flag):
+                        into[flag] = True
+        for key in ("completions", "logging"):
+            if key in caps:
+                merged[key] = {}
+    return merged
+
+
+def _ttl(result: Message) -> int:
+    ttl = result.get("ttlMs")
+    return max(0, int(ttl)) if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) else 0
+
+
+def _joined_instructions(table: RouteTable, results: list[Message]) -> str | None:
+    parts = [r["instructions"] for r in results if isinstance(r.get("instructions"), str) and r["instructions"]]
+    if not parts:
+        return None
+    if len(table.targets) == 1:
+        return parts[0]
+    return "\n\n".join(parts)
+
+
+def _status_of(message: Message) -> int:
+    error = message.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        if code == rpc.METHOD_NOT_FOUND:
+            return 404
+        if code in (rpc.INVALID_PARAMS, rpc.INVALID_REQUEST, rpc.HEADER_MISMATCH, rpc.UNSUPPORTED_PROTOCOL_VERSION,
+                    rpc.MISSING_REQUIRED_CLIENT_CAPABILITY):
+            return 400
+    return 200
+
+
+def _cache_header(outcomes: list[Outcome]) -> list[tuple[bytes, bytes]] | None:
+    if not outcomes:
+        return None
+    for value in ("bypass", "miss", "stale"):
+        if value in outcomes:
+            return [(b"x-cache", value.encode())]
+    return [(b"x-cache", b"hit")]

@@ -1,0 +1,173 @@
+"""The MCP endpoint: the body phase of the pipeline and the writing of answers.
+
+POST only (GET/DELETE → 405, SHTTP §Earlier revisions). The body is read under a size cap,
+validated into a `Call` (protocol/request.py), dispatched, and answered as
+`application/json` or as `text/event-stream` relayed event by event. `Mcp-Session-Id` and
+`Last-Event-ID` are ignored: the revision has neither sessions nor resumable streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from gateway import asgi
+from gateway.backends.base import Message, Reply, aclose
+from gateway.dispatch import Dispatcher
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
+from gateway.protocol.request import Call, parse_call
+
+log = logging.getLogger("gateway.endpoint")
+
+_ALLOW = [(b"allow", b"POST")]
+# Methods whose work may be long: a client that goes away cancels the backend's work.
+_WATCH_DISCONNECT = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
+
+
+class McpEndpoint:
+    def __init__(self, dispatcher: Dispatcher, *, max_body_bytes: int, keepalive_seconds: float,
+                 legacy_clients: Any = None) -> None:
+        self.dispatcher = dispatcher
+        self.max_body_bytes = max_body_bytes
+        self.keepalive_seconds = keepalive_seconds
+        # The seam for serving initialize-era clients (digest §h.9); None = modern only.
+        self.legacy_clients = legacy_clients
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        method = scope["method"]
+        if method != "POST":
+            if self.legacy_clients is not None and method in ("GET", "DELETE"):
+                await self.legacy_clients(scope, receive, send)
+                return
+            await asgi.send_json(
+                send, 405, rpc.error_message(None, rpc.INVALID_REQUEST, f"Method Not Allowed: {method}; use POST"),
+                _ALLOW,
+            )
+            return
+        headers = asgi.header_dict(scope)
+        try:
+            body = await asgi.read_body(receive, self.max_body_bytes)
+        except asgi.BodyTooLarge:
+            await asgi.send_json(send, 413, rpc.error_message(
+                None, rpc.INVALID_REQUEST, f"Request body exceeds {self.max_body_bytes} bytes"))
+            return
+        except asgi.ClientGone:
+            return
+
+        try:
+            call = parse_call(body, headers)
+        except rpc.McpError as exc:
+            if self.legacy_clients is not None and self.legacy_clients.claims(body, headers):
+                await self.legacy_clients.handle(scope, body, headers, receive, send)
+                return
+            await asgi.send_error(send, exc)
+            return
+        call.principal = scope.get("auth")
+        if call.is_notification:
+            await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        if call.method in _WATCH_DISCONNECT or call.method == "subscriptions/listen":
+            await self._answer_watching(call, receive, send)
+        else:
+            await self._answer(call, send)
+
+    async def _answer(self, call: Call, send: asgi.Send) -> None:
+        try:
+            reply = await self.dispatcher.dispatch(call)
+        except rpc.McpError as exc:
+            await asgi.send_error(send, exc.with_id(call.id))
+            return
+        except Exception:
+            log.exception("internal error answering %s", call.method)
+            await asgi.send_json(send, 500, rpc.error_message(call.id, rpc.INTERNAL_ERROR,
+                                                               "Internal error in the gateway"))
+            return
+        await self._write(reply, call, send)
+
+    async def _answer_watching(self, call: Call, receive: asgi.Receive, send: asgi.Send) -> None:
+        """Answer, and cancel everything (upstream included) when the client disconnects:
+        closing the response stream is the modern cancellation (SHTTP §Cancellation)."""
+        work = asyncio.ensure_future(self._answer(call, send))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Cancelled here too when the server itself cancels this request (shutdown).
+            for task in (work, watcher):
+                if not task.done():
+                    task.cancel()
+            for task in (work, watcher):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if work in done and not work.cancelled() and work.exception() is not None:
+            raise work.exception()  # type: ignore[misc]
+
+    async def _write(self, reply: Reply, call: Call, send: asgi.Send) -> None:
+        extra = reply.headers or []
+        if reply.stream is None:
+            assert reply.message is not None
+            body = reply.raw if reply.raw is not None else orjson.dumps(reply.message)
+            await asgi.send_bytes(send, reply.status, body, asgi.JSON_HEADERS + extra)
+            return
+        await self._write_stream(reply.stream, call, send, extra)
+
+    async def _write_stream(self, stream: AsyncIterator[Message], call: Call, send: asgi.Send,
+                            extra: list[tuple[bytes, bytes]]) -> None:
+        """Relay a stream event by event, with keep-alive comments on quiet stretches."""
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=64)
+
+        async def pump() -> None:
+            try:
+                async for message in stream:
+                    await queue.put(("msg", message))
+                await queue.put(("end", None))
+            except rpc.McpError as exc:
+                await queue.put(("err", exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken backend must not break the client's stream framing
+                log.exception("stream from backend failed")
+                await queue.put(("err", rpc.backend_protocol_error("?", repr(exc), call.id)))
+
+        pumper = asyncio.ensure_future(pump())
+        await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + extra})
+        try:
+            while True:
+                try:
+                    kind, item = await asyncio.wait_for(queue.get(), self.keepalive_seconds)
+                except TimeoutError:
+                    await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
+                    continue
+                if kind == "msg":
+                    final = "method" not in item
+                    await send({"type": "http.response.body", "body": sse.encode(item), "more_body": not final})
+                    if final:
+                        return
+                elif kind == "err":
+                    # Headers are sent: the error travels as the stream's final message.
+                    await send({"type": "http.response.body", "body": sse.encode(item.with_id(call.id).to_message()),
+                                "more_body": False})
+                    return
+                else:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+        finally:
+            pumper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pumper
+            await aclose(stream)
+
+
+async def _wait_disconnect(receive: asgi.Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,6 @@
+"""Header-phase policies: plain ASGI classes that run before any body is read.
+
+Each one validates its options once in `__init__`, passes non-HTTP scopes through, does one
+job, and either calls the next app or sends its own response (the shape of Starlette's
+`TrustedHostMiddleware`). `gateway.app` declares their order in one list.
+"""

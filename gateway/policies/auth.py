@@ -1,0 +1,47 @@
+"""Authentication: who is calling. Sets `scope["auth"]` to a `Principal` (the ASGI convention
+Starlette's AuthenticationMiddleware uses), which keys private cache entries and, later,
+binds MRTR state and legacy sessions.
+
+`mode: none` authenticates nobody, but still tells callers apart by a hash of the credentials
+they present, so a `private` cache entry is never served to a caller holding other
+credentials. The raw credential is never stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from gateway import asgi
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    subject: str
+    issuer: str = ""
+    authenticated: bool = False
+
+    @property
+    def key(self) -> str:
+        """A stable identity for cache keys and state binding; never the raw token."""
+        return f"{self.issuer}|{self.subject}"
+
+
+ANONYMOUS = Principal("anonymous")
+
+
+def credential_principal(authorization: bytes | None) -> Principal:
+    if not authorization:
+        return ANONYMOUS
+    digest = hashlib.sha256(authorization).hexdigest()[:32]
+    return Principal(f"credential:{digest}")
+
+
+class NoAuth:
+    def __init__(self, app: asgi.ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] == "http":
+            scope["auth"] = credential_principal(asgi.get_header(scope, b"authorization"))
+        await self.app(scope, receive, send)

@@ -1,0 +1,94 @@
+"""Origin and Host checks: the DNS-rebinding defence (SHTTP §Security Warning, digest §a.2).
+
+A browser page on a hostile site can reach a server on 127.0.0.1 by rebinding its own DNS
+name; it cannot forge `Origin`, and the `Host` it sends is its own name. So:
+
+- `Origin` present and not allowed → 403 with an id-less JSON-RPC error. Allowed: loopback
+  origins, the origin of the request's own Host (same-host), and `server.allowed_origins`.
+- When the gateway listens on loopback, a `Host` that is not a loopback name (or listed in
+  `server.allowed_hosts`) is refused too: nothing legitimate reaches a loopback socket under
+  a foreign name.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from gateway import asgi
+from gateway.protocol import jsonrpc as rpc
+
+_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "localhost.localdomain"})
+
+
+def _is_loopback_host(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _split_host(hostport: str) -> str:
+    """The host part of a Host header value (IPv6 literals keep their brackets off)."""
+    hostport = hostport.strip().lower()
+    if hostport.startswith("["):
+        return hostport[1 : hostport.find("]")] if "]" in hostport else hostport
+    return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
+
+
+async def _forbid(send: asgi.Send, why: str) -> None:
+    await asgi.send_json(send, 403, rpc.error_message(None, rpc.INVALID_REQUEST, f"Forbidden: {why}"))
+
+
+class OriginPolicy:
+    def __init__(self, app: asgi.ASGIApp, *, allowed_origins: Iterable[str] = ()) -> None:
+        self.app = app
+        origins = {o.rstrip("/").lower() for o in allowed_origins}
+        self.allow_any = "*" in origins
+        self.allowed = frozenset(origins - {"*"})
+
+    def origin_allowed(self, origin: str, host: str | None) -> bool:
+        origin = origin.rstrip("/").lower()
+        if self.allow_any or origin in self.allowed:
+            return True
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False  # includes the opaque "null" origin
+        if _is_loopback_host(parts.hostname):
+            return True
+        return host is not None and parts.netloc == host.lower()
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = asgi.get_header(scope, b"origin")
+        if origin is not None:
+            host = asgi.get_header(scope, b"host")
+            if not self.origin_allowed(origin.decode("latin-1"), host.decode("latin-1") if host else None):
+                await _forbid(send, f"Origin {origin.decode('latin-1')!r} is not allowed")
+                return
+        await self.app(scope, receive, send)
+
+
+class LoopbackHostPolicy:
+    """Installed only when the gateway is bound to a loopback address."""
+
+    def __init__(self, app: asgi.ASGIApp, *, allowed_hosts: Iterable[str] = ()) -> None:
+        self.app = app
+        self.allowed = frozenset(h.lower() for h in allowed_hosts)
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = asgi.get_header(scope, b"host")
+        host = _split_host(raw.decode("latin-1")) if raw else ""
+        if not (_is_loopback_host(host) or host in self.allowed):
+            await _forbid(send, f"Host {host!r} is not a loopback name (DNS-rebinding protection)")
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,174 @@
+"""JSON-RPC 2.0 framing and the error vocabulary of the gateway.
+
+Every failure the gateway produces is a `McpError`: it carries the JSON-RPC code, the HTTP
+status the spec names for it (digest §a.3) and, when it could be read, the request id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+# Standard JSON-RPC codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+# MCP codes in the reserved range (spec: basic/index §Error Codes). The only three defined.
+HEADER_MISMATCH = -32020
+MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
+# Legacy "resource not found"; modern implementations MUST NOT emit it (digest §a.4).
+LEGACY_RESOURCE_NOT_FOUND = -32002
+
+# Gateway-made errors. The spec assigns them nothing and asks that they "cannot be mistaken
+# for errors received from the peer" (basic/index), and application codes SHOULD sit outside
+# -32768..-32000, so they live in -31xxx and always name the backend in `data`.
+BACKEND_UNAVAILABLE = -31001
+BACKEND_TIMEOUT = -31002
+BACKEND_PROTOCOL_ERROR = -31003
+GATEWAY_OVERLOADED = -31004
+
+RequestId = str | int
+
+
+class McpError(Exception):
+    """A failure that becomes one JSON-RPC error response with a definite HTTP status."""
+
+    __slots__ = ("code", "message", "data", "status", "request_id", "headers")
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        status: int = 200,
+        data: Any = None,
+        request_id: RequestId | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+        self.status = status
+        self.request_id = request_id
+        self.headers = headers or {}
+
+    def with_id(self, request_id: RequestId | None) -> McpError:
+        if self.request_id is None:
+            self.request_id = request_id
+        return self
+
+    def to_message(self) -> dict[str, Any]:
+        return error_message(self.request_id, self.code, self.message, self.data)
+
+
+def error_message(request_id: RequestId | None, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "error": error}
+    # The id is omitted only when it could not be read (basic/index §Responses).
+    if request_id is not None:
+        msg["id"] = request_id
+    return msg
+
+
+def result_message(request_id: RequestId, result: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def notification(method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+def dumps(message: Any) -> bytes:
+    return orjson.dumps(message)
+
+
+def loads(body: bytes) -> Any:
+    return orjson.loads(body)
+
+
+# -- constructors for the errors of the validation table (digest §a.3) ----------------------
+
+
+def parse_error(detail: str) -> McpError:
+    return McpError(PARSE_ERROR, f"Parse error: {detail}", status=400)
+
+
+def invalid_request(detail: str, request_id: RequestId | None = None) -> McpError:
+    return McpError(INVALID_REQUEST, f"Invalid Request: {detail}", status=400, request_id=request_id)
+
+
+def header_mismatch(detail: str, request_id: RequestId | None = None, header: str | None = None) -> McpError:
+    data = {"header": header} if header else None
+    return McpError(HEADER_MISMATCH, f"Header mismatch: {detail}", status=400, data=data, request_id=request_id)
+
+
+def unsupported_version(requested: str, supported: list[str], request_id: RequestId | None = None) -> McpError:
+    return McpError(
+        UNSUPPORTED_PROTOCOL_VERSION,
+        f"Unsupported protocol version: {requested!r}",
+        status=400,
+        data={"supported": supported, "requested": requested},
+        request_id=request_id,
+    )
+
+
+def invalid_params(detail: str, request_id: RequestId | None = None, *, status: int = 400, data: Any = None) -> McpError:
+    return McpError(INVALID_PARAMS, f"Invalid params: {detail}", status=status, data=data, request_id=request_id)
+
+
+def method_not_found(method: str, request_id: RequestId | None = None) -> McpError:
+    return McpError(
+        METHOD_NOT_FOUND, f"Method not found: {method}", status=404, data={"method": method}, request_id=request_id
+    )
+
+
+def missing_capability(required: dict[str, Any], request_id: RequestId | None = None) -> McpError:
+    return McpError(
+        MISSING_REQUIRED_CLIENT_CAPABILITY,
+        "Missing required client capability",
+        status=400,
+        data={"requiredCapabilities": required},
+        request_id=request_id,
+    )
+
+
+def backend_unavailable(backend: str, detail: str, request_id: RequestId | None = None) -> McpError:
+    return McpError(
+        BACKEND_UNAVAILABLE,
+        f"Backend {backend!r} is unavailable: {detail}",
+        status=502,
+        data={"backend": backend},
+        request_id=request_id,
+    )
+
+
+def backend_timeout(backend: str, seconds: float, request_id: RequestId | None = None) -> McpError:
+    return McpError(
+        BACKEND_TIMEOUT,
+        f"Backend {backend!r} did not answer within {seconds:g}s",
+        status=504,
+        data={"backend": backend},
+        request_id=request_id,
+    )
+
+
+def backend_protocol_error(backend: str, detail: str, request_id: RequestId | None = None) -> McpError:
+    return McpError(
+        BACKEND_PROTOCOL_ERROR,
+        f"Backend {backend!r} sent an invalid response: {detail}",
+        status=502,
+        data={"backend": backend},
+        request_id=request_id,
+    )

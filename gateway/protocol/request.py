@@ -1,0 +1,213 @@
+"""The body phase: turn one POSTed body plus its headers into a validated `Call`.
+
+The checks run in the order of digest §a.5 so that each failure maps to exactly one row of the
+outcome table (§a.3): parse → single message → header presence → header/body equality →
+version → required `_meta` → method exists. Origin and authentication run earlier, as ASGI
+policies, because they need no body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from gateway.protocol import headers as h
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import meta
+from gateway.protocol.methods import METHODS, MethodSpec
+from gateway.protocol.versions import MODERN_VERSIONS
+
+Headers = dict[str, str]
+"""Request headers, names lower-cased, values with surrounding whitespace trimmed."""
+
+
+@dataclass(slots=True)
+class Call:
+    """One validated client request (or notification) on its way to a backend."""
+
+    id: rpc.RequestId | None
+    method: str
+    params: dict[str, Any]
+    version: str
+    spec: MethodSpec | None
+    # The decoded `Mcp-Name` (== params.name or params.uri) for the three name methods.
+    name: str | None
+    # The body exactly as received: forwarded verbatim while nothing has been rewritten.
+    body: bytes
+    headers: Headers
+    # Set once the body must differ from what the client sent (e.g. a prefix stripped).
+    rewritten: bool = False
+    # Opaque identity of the caller, set by the authentication policy (None = anonymous).
+    principal: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_notification(self) -> bool:
+        return self.id is None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        m = self.params.get("_meta")
+        return m if isinstance(m, dict) else {}
+
+    @property
+    def client_capabilities(self) -> dict[str, Any]:
+        caps = self.meta.get(meta.CLIENT_CAPABILITIES)
+        return caps if isinstance(caps, dict) else {}
+
+    @property
+    def log_level(self) -> str | None:
+        return self.meta.get(meta.LOG_LEVEL)
+
+    def with_name(self, name: str) -> Call:
+        """The same call addressed to `name` (tool/prompt name or URI) on the backend."""
+        assert self.spec is not None and self.spec.name_field is not None
+        if name == self.name:
+            return self
+        params = dict(self.params)
+        params[self.spec.name_field] = name
+        return replace(self, params=params, name=name, rewritten=True)
+
+    def with_params(self, params: dict[str, Any]) -> Call:
+        return replace(self, params=params, rewritten=True)
+
+    def wire_body(self) -> bytes:
+        """The JSON-RPC body to send upstream."""
+        if not self.rewritten:
+            return self.body
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": self.method, "params": self.params}
+        if self.id is not None:
+            msg["id"] = self.id
+        return orjson.dumps(msg)
+
+    def param_header_values(self) -> dict[str, str]:
+        """The `Mcp-Param-*` headers sent by the client, keyed by lower-cased header name."""
+        return {k: v for k, v in self.headers.items() if k.startswith(h.PARAM_PREFIX)}
+
+
+def parse_call(body: bytes, headers: Headers) -> Call:
+    """Validate a POSTed body against its headers (digest §a.5 steps 3–9)."""
+    # 3. JSON parse.
+    try:
+        msg = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise rpc.parse_error(str(exc)) from None
+
+    # 4. A single request or notification; no batches, no responses.
+    if isinstance(msg, list):
+        raise rpc.invalid_request("batches are not supported; send one JSON-RPC message per POST")
+    if not isinstance(msg, dict):
+        raise rpc.invalid_request("the body must be a JSON-RPC request object")
+    raw_id = msg.get("id")
+    request_id = raw_id if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) else None
+    if msg.get("jsonrpc") != "2.0":
+        raise rpc.invalid_request('"jsonrpc" must be "2.0"', request_id)
+    method = msg.get("method")
+    if not isinstance(method, str):
+        if "result" in msg or "error" in msg:
+            raise rpc.invalid_request("clients must not send JSON-RPC responses", request_id)
+        raise rpc.invalid_request('"method" must be a string', request_id)
+    if "id" in msg and request_id is None:
+        raise rpc.invalid_request('"id" must be a string or an integer, never null', None)
+    params = msg.get("params", {})
+    if not isinstance(params, dict):
+        raise rpc.invalid_request('"params" must be an object', request_id)
+
+    spec = METHODS.get(method)
+    if request_id is None:
+        # Notifications: the revision defines none from client to server over HTTP and the
+        # header rules for them are undefined (SHTTP); accept and let the endpoint say 202.
+        return Call(None, method, params, headers.get(h.PROTOCOL_VERSION, ""), spec, None, body, headers)
+
+    # 5. Required headers present.
+    version_header = headers.get(h.PROTOCOL_VERSION)
+    if version_header is None:
+        raise rpc.header_mismatch("required header MCP-Protocol-Version is missing", request_id, "MCP-Protocol-Version")
+    method_header = headers.get(h.METHOD)
+    if method_header is None:
+        raise rpc.header_mismatch("required header Mcp-Method is missing", request_id, "Mcp-Method")
+    name_header = None
+    if spec is not None and spec.name_field is not None:
+        name_header = headers.get(h.NAME)
+        if name_header is None:
+            raise rpc.header_mismatch(f"required header Mcp-Name is missing for {method}", request_id, "Mcp-Name")
+
+    # 6. Header values equal body values.
+    if method_header != method:
+        raise rpc.header_mismatch(
+            f"Mcp-Method header value {method_header!r} does not match body method {method!r}", request_id, "Mcp-Method"
+        )
+    meta_obj = params.get("_meta")
+    meta_obj = meta_obj if isinstance(meta_obj, dict) else {}
+    body_version = meta_obj.get(meta.PROTOCOL_VERSION)
+    if body_version is not None and body_version != version_header:
+        raise rpc.header_mismatch(
+            f"MCP-Protocol-Version header value {version_header!r} does not match "
+            f"_meta[{meta.PROTOCOL_VERSION!r}] {body_version!r}",
+            request_id,
+            "MCP-Protocol-Version",
+        )
+    name = None
+    if name_header is not None and spec is not None and spec.name_field is not None:
+        try:
+            decoded = h.decode_value(name_header)
+        except h.HeaderValueError as exc:
+            raise rpc.header_mismatch(f"Mcp-Name header {exc}", request_id, "Mcp-Name") from None
+        body_name = params.get(spec.name_field)
+        if not isinstance(body_name, str):
+            raise rpc.invalid_params(f'"params.{spec.name_field}" must be a string', request_id)
+        if decoded != body_name:
+            raise rpc.header_mismatch(
+                f"Mcp-Name header value {decoded!r} does not match body value {body_name!r}", request_id, "Mcp-Name"
+            )
+        name = body_name
+
+    # 7. A version the gateway implements.
+    if version_header not in MODERN_VERSIONS:
+        raise rpc.unsupported_version(version_header, list(MODERN_VERSIONS), request_id)
+
+    # 8. Required `_meta` fields (basic/index §_meta).
+    if body_version is None:
+        raise rpc.invalid_params(f'missing required "_meta[{meta.PROTOCOL_VERSION!r}]"', request_id)
+    if not isinstance(meta_obj.get(meta.CLIENT_CAPABILITIES), dict):
+        raise rpc.invalid_params(f'missing required "_meta[{meta.CLIENT_CAPABILITIES!r}]" object', request_id)
+    level = meta_obj.get(meta.LOG_LEVEL)
+    if level is not None and level not in meta.LOG_LEVELS:
+        raise rpc.invalid_params(f"unknown log level {level!r}", request_id)
+
+    # 9. The method exists. (Capability gating needs the fleet and happens at routing.)
+    if spec is None:
+        raise rpc.method_not_found(method, request_id)
+
+    return Call(request_id, method, params, version_header, spec, name, body, headers)
+
+
+def check_param_headers(call: Call, annotations: tuple[h.ParamHeader, ...]) -> None:
+    """Validate the `Mcp-Param-*` headers of a `tools/call` against the tool's annotations
+    (SHTTP §Server Behavior for Custom Headers): a recognized header must decode and equal the
+    argument; an argument present in the body requires its header."""
+    arguments = call.params.get("arguments") or {}
+    for ann in annotations:
+        raw = call.headers.get(ann.header)
+        value = h.extract(arguments, ann.path)
+        if raw is None:
+            if value is not None:
+                raise rpc.header_mismatch(
+                    f"header Mcp-Param-{ann.name} is required: argument {'.'.join(ann.path)!r} is present in the body",
+                    call.id,
+                    f"Mcp-Param-{ann.name}",
+                )
+            continue
+        try:
+            decoded = h.decode_value(raw)
+        except h.HeaderValueError as exc:
+            raise rpc.header_mismatch(f"Mcp-Param-{ann.name} header {exc}", call.id, f"Mcp-Param-{ann.name}") from None
+        if value is None or not h.values_equal(decoded, value):
+            raise rpc.header_mismatch(
+                f"Mcp-Param-{ann.name} header value {decoded!r} does not match argument "
+                f"{'.'.join(ann.path)!r} value {value!r}",
+                call.id,
+                f"Mcp-Param-{ann.name}",
+            )

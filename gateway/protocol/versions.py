@@ -1,0 +1,24 @@
+"""Protocol revisions and their eras (digest §0).
+
+Modern revisions carry their metadata on every request; legacy revisions negotiate it once in
+an `initialize` handshake. Code that is specific to one era lives in its own module; this one
+only names the versions.
+"""
+
+from __future__ import annotations
+
+# Newest first. The gateway serves these to clients statelessly.
+MODERN_VERSIONS: tuple[str, ...] = ("2026-07-28",)
+LATEST_MODERN = MODERN_VERSIONS[0]
+
+# Initialize-era revisions the gateway can speak to backends (and, later, to legacy clients).
+LEGACY_VERSIONS: tuple[str, ...] = ("2025-11-25", "2025-06-18", "2025-03-26")
+LATEST_LEGACY = LEGACY_VERSIONS[0]
+
+
+def is_modern(version: str) -> bool:
+    return version in MODERN_VERSIONS
+
+
+def is_legacy(version: str) -> bool:
+    return version in LEGACY_VERSIONS

@@ -1,0 +1,124 @@
+"""Aggregated list methods: one page from every backend, in parallel, merged in order.
+
+Each backend gets its own deadline; a backend that fails or is late is left out of that answer
+(logged, never a failed request) unless every backend failed. Items keep the fleet's configured
+backend order and each backend's own order, so the answer is deterministic (spec: tools SHOULD
+be listed in a deterministic order). Pagination goes through the gateway cursor, which carries
+each backend's own cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from gateway.backends.base import Message
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.request import Call
+from gateway.routing import cursor as gw_cursor
+from gateway.routing.table import RouteTable, Target
+
+log = logging.getLogger("gateway.fanout")
+
+PageFetcher = Callable[[Target, Call], Awaitable[Message]]
+
+
+async def aggregate_list(
+    call: Call,
+    table: RouteTable,
+    targets: Sequence[Target],
+    fetch: PageFetcher,
+) -> dict[str, Any]:
+    """The merged result for a `*/list` call over `targets` (already capability-filtered)."""
+    assert call.spec is not None and call.spec.list_key is not None
+    list_key = call.spec.list_key
+    if "cursor" in call.params:
+        pending = gw_cursor.decode(call.method, call.params["cursor"], call.id)
+        # Only backends still in the fleet; a cursor from before a config change loses the rest.
+        plan = [(t, pending[t.backend.name]) for t in targets if t.backend.name in pending]
+    else:
+        plan = [(t, None) for t in targets]
+    if not plan:
+        return {list_key: [], "resultType": "complete", "ttlMs": 0, "cacheScope": "public"}
+
+    async def one(target: Target, backend_cursor: str | None) -> Message:
+        params = {k: v for k, v in call.params.items() if k != "cursor"}
+        if backend_cursor is not None:
+            params["cursor"] = backend_cursor
+        sub = call.with_params(params)
+        return await asyncio.wait_for(fetch(target, sub), target.backend.settings.list_timeout_seconds)
+
+    outcomes = await asyncio.gather(*(one(t, c) for t, c in plan), return_exceptions=True)
+
+    items: list[Any] = []
+    pending_out: dict[str, str] = {}
+    ttl: float | None = None
+    private = False
+    failures: list[str] = []
+    for (target, _), outcome in zip(plan, outcomes):
+        name = target.backend.name
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            detail = outcome.message if isinstance(outcome, rpc.McpError) else (
+                f"no answer within {target.backend.settings.list_timeout_seconds:g}s"
+                if isinstance(outcome, TimeoutError) else repr(outcome)
+            )
+            log.warning("%s: backend %s left out: %s", call.method, name, detail)
+            failures.append(f"{name}: {detail}")
+            continue
+        result = outcome.get("result")
+        if not isinstance(result, dict):
+            err = outcome.get("error") or {}
+            log.warning("%s: backend %s answered error %s %s; left out", call.method, name, err.get("code"),
+                        err.get("message"))
+            failures.append(f"{name}: error {err.get('code')} {err.get('message')}")
+            continue
+        page = result.get(list_key)
+        page = page if isinstance(page, list) else []
+        items.extend(_present(call.method, table, target, page))
+        next_cursor = result.get("nextCursor")
+        if isinstance(next_cursor, str):
+            pending_out[name] = next_cursor
+        part_ttl = result.get("ttlMs")
+        part_ttl = max(0, part_ttl) if isinstance(part_ttl, (int, float)) and not isinstance(part_ttl, bool) else 0
+        ttl = part_ttl if ttl is None else min(ttl, part_ttl)
+        private = private or result.get("cacheScope") != "public"
+
+    if len(failures) == len(plan):
+        raise rpc.McpError(
+            rpc.BACKEND_UNAVAILABLE,
+            f"{call.method}: no backend answered ({'; '.join(failures)})",
+            status=502,
+            data={"backends": [t.backend.name for t, _ in plan]},
+            request_id=call.id,
+        )
+    merged: dict[str, Any] = {list_key: items, "resultType": "complete"}
+    if pending_out:
+        merged["nextCursor"] = gw_cursor.encode(call.method, pending_out)
+    merged["ttlMs"] = int(ttl or 0)
+    merged["cacheScope"] = "private" if private else "public"
+    return merged
+
+
+def _present(method: str, table: RouteTable, target: Target, page: list[Any]) -> list[Any]:
+    """A backend's page as clients see it: names prefixed, routing indexes fed."""
+    if method == "tools/list":
+        page = table.filter_tools(target, page)
+        return [_renamed(item, target) for item in page] if target.prefix else page
+    if method == "prompts/list":
+        return [_renamed(item, target) for item in page if isinstance(item, dict)] if target.prefix else page
+    if method == "resources/list":
+        table.learn_resources(target, page)
+    elif method == "resources/templates/list":
+        table.learn_templates(target, page)
+    return page
+
+
+def _renamed(item: dict[str, Any], target: Target) -> dict[str, Any]:
+    if isinstance(item.get("name"), str):
+        item = dict(item)
+        item["name"] = target.expose(item["name"])
+    return item

@@ -1,0 +1,111 @@
+"""The route table: tool and prompt names by prefix, resource URIs by what backends listed.
+
+Built once from settings (prefixes, configured URI prefixes) and fed at run time by the list
+answers that pass through the gateway (which URIs a backend lists, which tool arguments it
+mirrors into `Mcp-Param-*` headers).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.backends.base import Backend
+from gateway.protocol import headers as h
+
+log = logging.getLogger("gateway.routing")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    backend: Backend
+    prefix: str
+
+    def expose(self, name: str) -> str:
+        """The name a client sees for the backend's `name`."""
+        return self.prefix + name
+
+
+class RouteTable:
+    def __init__(self, targets: Sequence[Target]) -> None:
+        self.targets: tuple[Target, ...] = tuple(targets)
+        self.by_name = {t.backend.name: t for t in self.targets}
+        # Prefix lookup by length: a name is resolved with one dict probe per distinct prefix
+        # length, whatever the fleet size.
+        self._prefixes: dict[str, Target] = {t.prefix: t for t in self.targets}
+        self._lengths = sorted({len(p) for p in self._prefixes}, reverse=True)
+        self._uri_prefixes = sorted(
+            ((p, t) for t in self.targets for p in t.backend.settings.resource_prefixes),
+            key=lambda pt: len(pt[0]),
+            reverse=True,
+        )
+        self._uris: dict[str, Target] = {}
+        self._uri_templates: list[tuple[str, Target]] = []
+        self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
+
+    # -- names ----------------------------------------------------------------------------
+
+    def resolve_name(self, exposed: str) -> tuple[Target, str] | None:
+        """(target, the backend's own name) for a client-visible tool or prompt name."""
+        for n in self._lengths:
+            if len(exposed) > n:
+                target = self._prefixes.get(exposed[:n])
+                if target is not None:
+                    return target, exposed[n:]
+        return None
+
+    # -- resource URIs --------------------------------------------------------------------
+
+    def resolve_uri(self, uri: str) -> Target | None:
+        target = self._uris.get(uri)
+        if target is not None:
+            return target
+        for prefix, t in self._uri_prefixes:
+            if uri.startswith(prefix):
+                return t
+        for prefix, t in self._uri_templates:
+            if uri.startswith(prefix):
+                return t
+        if len(self.targets) == 1:
+            return self.targets[0]
+        return None
+
+    def learn_resources(self, target: Target, resources: list[Any]) -> None:
+        for res in resources:
+            if isinstance(res, dict) and isinstance(res.get("uri"), str):
+                self._uris.setdefault(res["uri"], target)
+
+    def learn_templates(self, target: Target, templates: list[Any]) -> None:
+        for tpl in templates:
+            if isinstance(tpl, dict) and isinstance(tpl.get("uriTemplate"), str):
+                # The literal part before the first expression is a safe routing prefix.
+                literal = tpl["uriTemplate"].split("{", 1)[0]
+                if literal and (literal, target) not in self._uri_templates:
+                    self._uri_templates.append((literal, target))
+                    self._uri_templates.sort(key=lambda lt: len(lt[0]), reverse=True)
+
+    # -- tool argument headers ------------------------------------------------------------
+
+    def filter_tools(self, target: Target, tools: list[Any]) -> list[Any]:
+        """Drop tools whose `x-mcp-header` annotations are invalid (SHTTP: HTTP clients MUST
+        reject them, so the gateway never offers them) and remember the valid annotations."""
+        index = self._param_headers.setdefault(target.backend.name, {})
+        kept = []
+        for tool in tools:
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                continue
+            try:
+                annotations = h.param_headers(tool.get("inputSchema"))
+            except h.InvalidToolDefinition as exc:
+                log.warning("backend %s: tool %r excluded: %s", target.backend.name, tool["name"], exc)
+                index.pop(tool["name"], None)
+                continue
+            index[tool["name"]] = annotations
+            kept.append(tool)
+        return kept
+
+    def param_headers(self, target: Target, tool: str) -> tuple[h.ParamHeader, ...] | None:
+        """The annotations of a backend tool, or None when the tool has not been listed yet."""
+        return self._param_headers.get(target.backend.name, {}).get(tool)

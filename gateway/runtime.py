@@ -1,0 +1,85 @@
+"""The running gateway: settings compiled into backends, a route table, the cache and the
+hub, with their lifecycle. Built once per process from frozen settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.backends import create_backend
+from gateway.backends.base import Backend
+from gateway.cache import NoCache, ResponseCache
+from gateway.dispatch import Dispatcher, Hub
+from gateway.protocol import jsonrpc as rpc
+from gateway.routing.table import RouteTable, Target
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("gateway.runtime")
+
+
+class Runtime:
+    def __init__(self, settings: GatewaySettings, *, backends: list[Backend] | None = None,
+                 cache: ResponseCache | None = None, hub: Hub | None = None) -> None:
+        self.settings = settings
+        self.backends = backends if backends is not None else [create_backend(b) for b in settings.backends]
+        self.table = RouteTable(
+            [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends]
+        )
+        self.cache: ResponseCache = cache or NoCache()
+        self.hub = hub
+        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=hub)
+        self._discovery: asyncio.Task[None] | None = None
+        self.shutting_down = False
+
+    async def start(self) -> None:
+        await asyncio.gather(*(b.start() for b in self.backends))
+        await self.cache.start()
+        # Learn capabilities in the background: a backend that is down at start-up must not
+        # keep the gateway from serving the others.
+        self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
+
+    async def discover_all(self, timeout: float = 10.0) -> None:
+        async def one(backend: Backend) -> None:
+            try:
+                await asyncio.wait_for(backend.discover(max_age=0), timeout)
+                log.info("backend %s: discovered (capabilities: %s)", backend.name,
+                         ", ".join(sorted(backend.capabilities or {})) or "none")
+            except (rpc.McpError, TimeoutError) as exc:
+                backend.last_error = getattr(exc, "message", None) or f"no answer within {timeout:g}s"
+                log.warning("backend %s: discovery failed: %s", backend.name, backend.last_error)
+
+        await asyncio.gather(*(one(b) for b in self.backends))
+
+    async def begin_shutdown(self) -> None:
+        """Called when the server stops accepting: long-lived streams get their graceful end
+        so that in-flight requests can drain."""
+        self.shutting_down = True
+        closer = getattr(self.hub, "begin_shutdown", None)
+        if closer is not None:
+            await closer()
+
+    async def aclose(self) -> None:
+        if self._discovery is not None and not self._discovery.done():
+            self._discovery.cancel()
+        closer = getattr(self.hub, "aclose", None)
+        if closer is not None:
+            await closer()
+        await self.cache.aclose()
+        await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
+
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when at least one backend answers discovery (a fleet keeps serving with some
+        backends down; a sidecar's single backend decides alone)."""
+        report: dict[str, Any] = {}
+
+        async def probe(backend: Backend) -> None:
+            try:
+                await asyncio.wait_for(backend.discover(max_age=10.0), 2.0)
+                report[backend.name] = "ok"
+            except (rpc.McpError, TimeoutError) as exc:
+                report[backend.name] = getattr(exc, "message", None) or "timeout"
+
+        await asyncio.gather(*(probe(b) for b in self.backends))
+        ready = not self.shutting_down and any(v == "ok" for v in report.values())
+        return ready, report
