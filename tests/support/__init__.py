@@ -1,0 +1,1 @@
+"""Shared test machinery: real processes, real sockets, no mocks."""
