@@ -3,7 +3,7 @@
 The request pipeline is declared here, in order, as data (the shape of Starlette's
 `Middleware` list):
 
-    host (loopback only) → origin → authenticate → size limits → MCP endpoint
+    telemetry → host (loopback only) → origin → authenticate → size limits → MCP endpoint
                                                                   (parse → validate → route →
                                                                    cache → forward → rewrite)
 
@@ -20,6 +20,7 @@ from starlette.middleware import Middleware
 
 from gateway import asgi, ops
 from gateway.endpoint import McpEndpoint
+from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
 from gateway.policies.limits import RequestLimits
 from gateway.policies.origin import LoopbackHostPolicy, OriginPolicy
@@ -33,7 +34,7 @@ log = logging.getLogger("gateway.app")
 def pipeline(settings: GatewaySettings) -> list[Middleware]:
     """The header-phase policies, outermost first."""
     server = settings.server
-    steps: list[Middleware] = []
+    steps: list[Middleware] = [Middleware(RequestTelemetry, path=server.path)]
     if server.bound_to_loopback:
         steps.append(Middleware(LoopbackHostPolicy, allowed_hosts=server.allowed_hosts))
     steps.append(Middleware(OriginPolicy, allowed_origins=server.allowed_origins))

@@ -96,6 +96,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every upstream request at INFO: one line per call is noise, not signal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from gateway.observability import tracing
+
+    tracing.configure(settings.observability.tracing, settings.observability.tracing_exporter)
     try:
         import uvloop  # noqa: F401  (uvicorn[standard]: the fast loop)
 

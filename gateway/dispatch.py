@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
 from gateway.cache import NoCache, Outcome, ResponseCache
+from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call, check_param_headers
@@ -27,6 +28,11 @@ log = logging.getLogger("gateway.dispatch")
 
 SERVER_INFO = {"name": "mcp-gateway", "version": __version__}
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+_BACKEND_OUTCOMES = {
+    rpc.BACKEND_UNAVAILABLE: "unavailable",
+    rpc.BACKEND_TIMEOUT: "timeout",
+    rpc.BACKEND_PROTOCOL_ERROR: "protocol",
+}
 # Re-read a backend's tools/list at most this often when a call names a tool the index lacks.
 _TOOL_INDEX_REFRESH_SECONDS = 5.0
 
@@ -199,12 +205,28 @@ class Dispatcher:
 
     # -- forwarding -----------------------------------------------------------------------
 
+    async def _send(self, target: Target, call: Call) -> Reply:
+        """backend.send, measured: the one place every upstream call passes."""
+        backend = target.backend.name
+        method = metrics.method_label(call.method)
+        started = time.perf_counter()
+        try:
+            reply = await target.backend.send(call)
+        except rpc.McpError as exc:
+            outcome = _BACKEND_OUTCOMES.get(exc.code, "error")
+            metrics.BACKEND_REQUESTS.labels(backend, method, outcome).inc()
+            raise
+        metrics.BACKEND_SECONDS.labels(backend, method).observe(time.perf_counter() - started)
+        outcome = "error" if reply.message is not None and "error" in reply.message else "ok"
+        metrics.BACKEND_REQUESTS.labels(backend, method, outcome).inc()
+        return reply
+
     async def _final(self, target: Target, call: Call) -> Message:
-        reply = await target.backend.send(call)
+        reply = await self._send(target, call)
         return modernize(await reply.final(), call, target.backend.name)
 
     async def _forward(self, target: Target, call: Call) -> Reply:
-        reply = await target.backend.send(call)
+        reply = await self._send(target, call)
         if reply.message is not None:
             fixed = modernize(reply.message, call, reply.backend)
             if fixed is not reply.message:

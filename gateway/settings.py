@@ -111,9 +111,69 @@ class BackendSettings(_Frozen):
         return self
 
 
+CacheableMethod = Literal[
+    "server/discover", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read"
+]
+_Millis = Annotated[int, Field(ge=0)]
+
+
+class CacheRule(_Frozen):
+    """Freshness bounds for one backend and/or method (docs/cache.md). A field left unset
+    falls through to a less specific rule, then to the `cache` section itself."""
+
+    backend: str | None = None  # None: every backend
+    method: CacheableMethod | None = None  # None: every cacheable method
+    enabled: bool | None = None
+    default_ttl_ms: _Millis | None = None
+    min_ttl_ms: _Millis | None = None
+    max_ttl_ms: _Millis | None = None
+    # Treat every result as private, whatever the backend says.
+    force_private: bool | None = None
+
+
 class CacheSettings(_Frozen):
     store: Literal["memory", "redis", "none"] = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Prefix of every Redis key and the invalidation channel; replicas sharing a cache share it.
+    key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
+    # The in-memory store (store: memory): LRU bounded by entry count and by encoded bytes.
+    max_entries: Annotated[int, Field(gt=0)] = 10_000
+    max_bytes: Annotated[int, Field(gt=0)] = 64 * 1024 * 1024
+    # A larger result is served but not stored.
+    max_entry_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024
+    # Freshness: the backend's ttlMs, clamped to [min, max]; `default_ttl_ms` when it sends
+    # none (spec: absent means 0, so the default is 0). `rules` refine per backend/method.
+    default_ttl_ms: _Millis = 0
+    min_ttl_ms: _Millis = 0
+    max_ttl_ms: _Millis = 3_600_000
+    rules: tuple[CacheRule, ...] = ()
+    # Remember a backend's "method not found" for this long (0: never).
+    negative_ttl_ms: _Millis = 0
+    # Serve an expired entry for this long past its expiry when the backend fails (0: never).
+    stale_if_error_ms: _Millis = 0
+    # Redis values larger than this are zlib-compressed.
+    compress_above_bytes: _Millis = 1024
+    # With Redis: a small in-process layer in front (0 entries: none). Entries live there at
+    # most `local_ttl_ms`; invalidations published by any replica drop them everywhere.
+    local_max_entries: _Millis = 1000
+    local_ttl_ms: _Millis = 1000
+    # Cross-replica fetch lock: how long one replica may hold it while it asks the backend.
+    lock_timeout_ms: Annotated[int, Field(gt=0)] = 2000
+    # Redis commands slower than this count as a failure (the request then bypasses the cache).
+    redis_timeout_ms: Annotated[int, Field(gt=0)] = 250
+    # After a Redis failure, skip Redis for this long before trying again.
+    redis_retry_seconds: Annotated[float, Field(ge=0)] = 1.0
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CacheSettings:
+        if self.min_ttl_ms > self.max_ttl_ms:
+            raise ValueError(f"min_ttl_ms ({self.min_ttl_ms}) is above max_ttl_ms ({self.max_ttl_ms})")
+        for i, rule in enumerate(self.rules):
+            low = rule.min_ttl_ms if rule.min_ttl_ms is not None else self.min_ttl_ms
+            high = rule.max_ttl_ms if rule.max_ttl_ms is not None else self.max_ttl_ms
+            if low > high:
+                raise ValueError(f"rules.{i}: min_ttl_ms ({low}) is above max_ttl_ms ({high})")
+        return self
 
 
 class AuthSettings(_Frozen):
@@ -123,6 +183,11 @@ class AuthSettings(_Frozen):
 class ObservabilitySettings(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
+    # OpenTelemetry spans per request, continued from the client's traceparent.
+    tracing: bool = False
+    # console, or otlp (needs the optional opentelemetry-exporter-otlp package; configured by
+    # the standard OTEL_EXPORTER_OTLP_* environment variables).
+    tracing_exporter: Literal["console", "otlp"] = "console"
 
 
 class GatewaySettings(BaseSettings):
@@ -156,6 +221,9 @@ class GatewaySettings(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(dupes)}")
+        for i, rule in enumerate(self.cache.rules):
+            if rule.backend is not None and rule.backend not in names:
+                raise ValueError(f"cache.rules.{i}.backend: no backend is named {rule.backend!r}")
         prefixes = [self.prefix_of(b) for b in self.backends]
         for i, p in enumerate(prefixes):
             for j, q in enumerate(prefixes):

@@ -17,6 +17,7 @@ import orjson
 from httpx_sse import EventSource
 
 from gateway.backends.base import Backend, Message, Reply
+from gateway.observability import tracing
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call
@@ -70,6 +71,8 @@ class ModernHttpBackend(Backend):
         for key, value in call.headers.items():
             if key.startswith(h.PARAM_PREFIX) or key in _RELAYED:
                 headers[key] = value
+        if tracing.enabled():
+            headers.update(tracing.outgoing_headers())  # the gateway's span is the parent
         return headers
 
     async def send(self, call: Call) -> Reply:

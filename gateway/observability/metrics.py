@@ -1,0 +1,45 @@
+"""The gateway's Prometheus metrics, in one place so dashboards have one list to read.
+
+Label values are bounded: methods come from the METHODS table (anything else is "other"),
+backends from config, outcomes from small fixed sets. Never a tool name, URI or principal.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from gateway.protocol.methods import METHODS
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+REQUESTS = Counter(
+    "mcp_gateway_requests_total",
+    "MCP requests answered by the gateway, by method and HTTP status class.",
+    ["method", "status"],
+)
+REQUEST_SECONDS = Histogram(
+    "mcp_gateway_request_duration_seconds",
+    "Time from request start to the last byte of the answer (streams: to their end).",
+    ["method"],
+    buckets=_LATENCY_BUCKETS,
+)
+IN_FLIGHT = Gauge("mcp_gateway_requests_in_flight", "MCP requests being answered now.")
+BACKEND_REQUESTS = Counter(
+    "mcp_gateway_backend_requests_total",
+    "Calls sent to backends, by backend, method and outcome (ok, error, unavailable, timeout, protocol).",
+    ["backend", "method", "outcome"],
+)
+BACKEND_SECONDS = Histogram(
+    "mcp_gateway_backend_duration_seconds",
+    "Time until a backend's answer started (headers received).",
+    ["backend", "method"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+
+def method_label(method: str | None) -> str:
+    return method if method in METHODS else "other"
+
+
+def status_label(status: int) -> str:
+    return f"{status // 100}xx"

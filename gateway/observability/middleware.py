@@ -1,0 +1,41 @@
+"""RequestTelemetry: the outermost step of the pipeline. It reads the method from the
+`Mcp-Method` header (header-first: no body needed), times the answer to its last byte, and
+counts it by status, so that even requests refused by a policy are seen."""
+
+from __future__ import annotations
+
+import time
+
+from gateway import asgi
+from gateway.observability import metrics, tracing
+
+
+class RequestTelemetry:
+    def __init__(self, app: asgi.ASGIApp, *, path: str) -> None:
+        self.app = app
+        self.path = path
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path:
+            await self.app(scope, receive, send)
+            return
+        raw = asgi.get_header(scope, b"mcp-method")
+        method = metrics.method_label(raw.decode("latin-1") if raw else None)
+        status = 500
+        started = time.perf_counter()
+        span = tracing.start_request_span(method, asgi.header_dict(scope)) if tracing.enabled() else None
+
+        async def send_wrapper(message: asgi.Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        metrics.IN_FLIGHT.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            metrics.IN_FLIGHT.dec()
+            metrics.REQUESTS.labels(method, metrics.status_label(status)).inc()
+            metrics.REQUEST_SECONDS.labels(method).observe(time.perf_counter() - started)
+            tracing.end_request_span(span, status)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what it needs, then runs pytest
+# (unit, integration, and the official conformance suite through the gateway).
+#
+#   bash scripts/test.sh [pytest args...]
+#
+# What it installs when missing (each step is idempotent):
+#   - a virtualenv at ${MCP_GATEWAY_VENV:-.venv} with the gateway and its test extras
+#   - redis-server (Debian package, through apt-get; the tests start their own on free ports)
+#   - the mcp==1.30.0 virtualenv for legacy fixture servers (scripts/legacy-venv.sh)
+#   - Node 22 and the conformance suite (scripts/node22.sh, scripts/conformance.sh)
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+venv="${MCP_GATEWAY_VENV:-$repo/.venv}"
+export MCP_GATEWAY_CACHE="${MCP_GATEWAY_CACHE:-$repo/.cache}"
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "python environment ($venv)"
+if [[ ! -x "$venv/bin/python" ]]; then
+    python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]" >&2
+
+step "redis-server"
+if ! command -v redis-server >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]]; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >&2
+        # The package starts a system instance; the tests start their own on free ports.
+        (service redis-server stop || true) >/dev/null 2>&1
+    else
+        echo "redis-server is missing and this is not root: sudo apt-get install redis-server" >&2
+        exit 1
+    fi
+fi
+redis-server --version >&2
+
+step "legacy fixture venv (mcp==1.30.0)"
+LEGACY_PYTHON_BIN="$(bash scripts/legacy-venv.sh)"
+export MCP_GATEWAY_LEGACY_PYTHON="$LEGACY_PYTHON_BIN"
+
+step "node 22 + conformance suite"
+NODE22_BIN="$(bash scripts/node22.sh)"
+export MCP_GATEWAY_NODE22_BIN="$NODE22_BIN"
+
+step "pytest"
+exec "$venv/bin/python" -m pytest "$@"
