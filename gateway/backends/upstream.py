@@ -1,0 +1,110 @@
+"""The HTTP client for upstream MCP calls: one pooled aiohttp session per backend.
+
+Why not httpx here: a profile of the pass-through path (bench/README.md) showed ~85 % of the
+gateway's CPU inside httpx/httpcore, whose pool scans every connection (a `select()` per
+idle connection) on each request, so cost grows with concurrency; aiohttp's connector hands
+out keep-alive connections in O(1) and its C-accelerated parser does the rest. httpx stays
+where speed does not matter (probes, JWKS, tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
+
+log = logging.getLogger("gateway.backends.upstream")
+
+class UpstreamResponse:
+    __slots__ = ("_response", "backend", "status", "content_type")
+
+    def __init__(self, response: aiohttp.ClientResponse, backend: str) -> None:
+        self._response = response
+        self.backend = backend
+        self.status = response.status
+        self.content_type = (response.content_type or "").lower()
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._response.headers
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        finally:
+            self._response.release()
+
+    async def sse_messages(self) -> AsyncIterator[Any]:
+        """Parsed JSON payloads of the stream's `message` events, as they arrive. Closing the
+        iterator closes the connection (the backend sees the modern cancellation)."""
+        decoder = sse.Decoder()
+        try:
+            async for chunk in self._response.content.iter_any():
+                for event, data in decoder.feed(chunk):
+                    if event != "message" or not data:
+                        continue  # priming events, unknown event types
+                    try:
+                        payload = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        log.warning("backend %s sent an SSE event that is not JSON; dropped", self.backend)
+                        continue
+                    yield payload
+        finally:
+            self._response.close()
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class UpstreamClient:
+    """POSTs to one backend over a keep-alive pool."""
+
+    def __init__(self, backend: str, *, max_connections: int, connect_timeout: float) -> None:
+        self.backend = backend
+        self._max_connections = max_connections
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Created on first use, inside the running loop (aiohttp binds the session to it).
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, ttl_dns_cache=60),
+            auto_decompress=True,
+            trust_env=False,
+            skip_auto_headers=("User-Agent",),
+        )
+        return self._session
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
+                   request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+        """Send the request and return once the response headers are in. Raises McpError
+        (-31001 unavailable, -31002 timeout) naming the backend."""
+        session = self._session or self._open()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout, sock_read=read_timeout)
+        try:
+            response = await session.post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
+            raise rpc.backend_timeout(
+                self.backend, self._connect_timeout if connecting else (read_timeout or 0), request_id
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise rpc.backend_unavailable(self.backend, describe(exc), request_id) from None
+        return UpstreamResponse(response, self.backend)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

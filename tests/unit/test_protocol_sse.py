@@ -1,0 +1,56 @@
+"""The SSE decoder against the framing rules of the event-stream format."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.protocol import sse
+
+
+def decode_all(*chunks: bytes) -> list[tuple[str, str]]:
+    decoder = sse.Decoder()
+    out: list[tuple[str, str]] = []
+    for chunk in chunks:
+        out.extend(decoder.feed(chunk))
+    return out
+
+
+def test_one_event_with_default_type():
+    assert decode_all(b'data: {"a":1}\n\n') == [("message", '{"a":1}')]
+
+
+def test_named_event_and_multiline_data():
+    assert decode_all(b"event: message\ndata: line1\ndata: line2\n\n") == [("message", "line1\nline2")]
+
+
+def test_crlf_and_bare_cr_line_endings():
+    assert decode_all(b"data: a\r\n\r\ndata: b\r\rdata: c\n\n") == [("message", "a"), ("message", "b"),
+                                                                   ("message", "c")]
+
+
+def test_comments_ids_and_retry_are_not_events():
+    assert decode_all(b":keepalive\n\nid: 7\nretry: 10\n\n") == []
+
+
+def test_priming_event_with_empty_data_is_an_empty_event():
+    # A legacy priming event: an id and an empty data line (digest §h.2).
+    assert decode_all(b"id: 1\ndata:\n\n") == [("message", "")]
+
+
+def test_event_without_trailing_blank_line_is_not_dispatched():
+    assert decode_all(b"data: partial\n") == []
+
+
+def test_field_without_space_after_colon():
+    assert decode_all(b"data:x\n\n") == [("message", "x")]
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)),
+                        min_size=1, max_size=20), min_size=1, max_size=5),
+       st.integers(min_value=1, max_value=7))
+def test_any_chunking_yields_the_same_events(payloads, step):
+    stream = b"".join(f"data: {p}\r\n\r\n".encode() for p in payloads)
+    whole = decode_all(stream)
+    chunked = decode_all(*(stream[i : i + step] for i in range(0, len(stream), step)))
+    assert whole == chunked == [("message", p) for p in payloads]
