@@ -1,0 +1,787 @@
+"""Benchmark harness: direct backend vs nginx vs mcp-gateway, measured in the same run.
+
+    /work/.venv/bin/python bench/run.py                      # all default workloads, 3 x 10 s
+    /work/.venv/bin/python bench/run.py --quick              # CI smoke: 3 x 1 s per target
+    /work/.venv/bin/python bench/run.py --workloads passthrough-call,tools-list
+    /work/.venv/bin/python bench/run.py --list               # what workloads exist
+
+For each workload the harness starts fresh processes (backend(s), nginx, gateway), checks
+every target once with httpx (a target that does not answer a correct MCP result is reported,
+never measured), then runs wrk against the targets interleaved A,B,C,A,B,C,... for
+``--reps`` repetitions and prints medians plus ratios against the direct backend and
+against nginx from the same run.  Numbers are informational; nothing here asserts speed.
+
+CPU layout (``--layout``, default ``shared``) on a 2-core box:
+  shared: wrk on CPU 0; backend AND the proxy under test (nginx / gateway) on CPU 1.
+          The load generator never steals CPU from the system under test, and the direct
+          target gets exactly the same single core as backend+proxy.  Since CPU 1 is
+          saturated, 1/rps is the CPU time one request costs on that core, so
+          "+us/req" = 1e6/rps(target) - 1e6/rps(direct) is the proxy's CPU cost per request.
+  split:  wrk and backend on CPU 0, proxy on CPU 1.  Gives the proxy a core to itself but
+          makes the direct target share a core with wrk, so ratios are less comparable.
+
+Everything listens on 127.0.0.1 on free ports; every wait is bounded; every process the
+harness starts is killed (by its own process group id) on exit, Ctrl-C or error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PY = sys.executable
+MODERN = "2026-07-28"
+LEGACY = "2025-11-25"
+META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def log(*a) -> None:
+    print("[bench]", *a, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- tools
+
+
+_apt_updated = False
+
+
+def ensure_tool(binary: str, package: str) -> str:
+    """Return the path of ``binary``; apt-get install ``package`` when missing (root only)."""
+    global _apt_updated
+    found = shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise SystemExit(f"{binary} not found; install the Debian package {package!r}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if not _apt_updated:
+        log("apt-get update")
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+        _apt_updated = True
+    log(f"apt-get install {package}")
+    subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True, env=env,
+                   timeout=900)
+    found = shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if not found:
+        raise SystemExit(f"{binary} still missing after installing {package}")
+    return found
+
+
+def cpu_times() -> dict[str, tuple[int, int]]:
+    """Per-CPU (busy, total) jiffies from /proc/stat."""
+    out = {}
+    for ln in Path("/proc/stat").read_text().splitlines():
+        if ln.startswith("cpu") and ln[3:4].isdigit():
+            f = ln.split()
+            v = [int(x) for x in f[1:]]
+            idle = v[3] + (v[4] if len(v) > 4 else 0)        # idle + iowait
+            out[f[0]] = (sum(v[:8]) - idle, sum(v[:8]))
+    return out
+
+
+def cpu_busy(before: dict, after: dict) -> dict[str, float]:
+    res = {}
+    for cpu, (b1, t1) in after.items():
+        b0, t0 = before.get(cpu, (0, 0))
+        res[cpu] = round(100.0 * (b1 - b0) / (t1 - t0), 1) if t1 > t0 else 0.0
+    return res
+
+
+def idle_check(seconds: float = 1.0) -> str:
+    """Busy % per CPU while the harness runs nothing: other tenants' load skews numbers."""
+    b = cpu_times()
+    time.sleep(seconds)
+    busy = cpu_busy(b, cpu_times())
+    txt = " ".join(f"{c}={v:.0f}%" for c, v in busy.items())
+    if any(v > 10 for v in busy.values()):
+        log(f"WARNING: machine not idle before measuring ({txt}); numbers will be noisy")
+    return txt
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Procs:
+    """Every child the harness starts, each in its own process group, killed by pgid."""
+
+    def __init__(self, nice: int = 0) -> None:
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.nice = nice
+
+    def start(self, name: str, argv: list[str], *, log_path: Path, cwd: Path | None = None,
+              env: dict | None = None) -> subprocess.Popen:
+        f = open(log_path, "wb")
+        try:
+            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 cwd=cwd, env=env, start_new_session=True)
+        finally:
+            f.close()
+        self.procs.append((name, p))
+        log(f"started {name} pid={p.pid}: {' '.join(argv)}")
+        boost(p.pid, self.nice)
+        return p
+
+    def stop_all(self) -> None:
+        for name, p in reversed(self.procs):
+            self._stop(name, p)
+        self.procs.clear()
+
+    @staticmethod
+    def _stop(name: str, p: subprocess.Popen) -> None:
+        if p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)   # pgid == pid (start_new_session)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log(f"{name} pid={p.pid} ignored SIGTERM; SIGKILL")
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=5)
+
+
+def boost(pid: int, nice: int) -> None:
+    """Apply ``nice`` to the autogroup of ``pid`` (it leads its own session).
+
+    With kernel.sched_autogroup_enabled=1 every session is its own scheduling group and a
+    plain ``nice`` only ranks processes inside their group, so a CPU hog in another tenant's
+    session would still take half a core from the system under test.  Best effort."""
+    if not nice:
+        return
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode} before ready:\n{tail(log_path)}")
+        try:
+            r = httpx.get(url, timeout=1.0)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = repr(e)
+        time.sleep(0.1)
+    raise RuntimeError(f"not ready after {timeout}s ({last}):\n{tail(log_path)}")
+
+
+def tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclass
+class Request:
+    """One MCP POST, exactly as wrk will send it (see bench/mcp.lua)."""
+    body: dict
+    method: str = ""            # Mcp-Method ("" = omitted)
+    name: str = ""              # Mcp-Name ("" = omitted)
+    protocol_version: str = MODERN
+    session_id: str = ""
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json",
+             "Accept": "application/json, text/event-stream"}
+        if self.protocol_version:
+            h["MCP-Protocol-Version"] = self.protocol_version
+        if self.method:
+            h["Mcp-Method"] = self.method
+        if self.name:
+            h["Mcp-Name"] = self.name
+        if self.session_id:
+            h["Mcp-Session-Id"] = self.session_id
+        return h
+
+    def wrk_env(self) -> dict[str, str]:
+        return {"MCP_METHOD": self.method, "MCP_NAME": self.name,
+                "MCP_PROTOCOL_VERSION": self.protocol_version,
+                "MCP_SESSION_ID": self.session_id,
+                "MCP_BODY": json.dumps(self.body, separators=(",", ":"))}
+
+
+def modern_request(method: str, params: dict | None = None, name: str = "") -> Request:
+    p = dict(params or {})
+    p["_meta"] = META
+    return Request(body={"jsonrpc": "2.0", "id": 1, "method": method, "params": p},
+                   method=method, name=name)
+
+
+CALL_ECHO = modern_request("tools/call", {"name": "echo", "arguments": {"text": "hi"}}, "echo")
+LIST_TOOLS = modern_request("tools/list")
+
+
+@dataclass
+class Target:
+    name: str                   # "direct", "nginx", "gateway", ...
+    url: str
+    request: Request
+    check: Callable[[dict], str | None] | None = None   # result -> error text or None
+    skipped: str = ""           # reason; a skipped target is shown but never measured
+    runs: list[dict] = field(default_factory=list)
+
+
+def check_call(result: dict) -> str | None:
+    c = result.get("content")
+    if not (isinstance(c, list) and c and c[0].get("text") == "hi"):
+        return f"unexpected tools/call result {str(result)[:200]}"
+    return None
+
+
+def check_list(n: int) -> Callable[[dict], str | None]:
+    def check(result: dict) -> str | None:
+        tools = result.get("tools")
+        if not isinstance(tools, list) or len(tools) != n:
+            return f"expected {n} tools, got {str(result)[:200]}"
+        return None
+    return check
+
+
+def verify(t: Target) -> None:
+    """One real request with the exact wrk headers/body; a wrong answer skips the target."""
+    try:
+        r = httpx.post(t.url, content=t.request.wrk_env()["MCP_BODY"],
+                       headers=t.request.headers(), timeout=10)
+    except httpx.HTTPError as e:
+        t.skipped = f"check request failed: {e!r}"
+        return
+    ctype = r.headers.get("content-type", "")
+    if r.status_code != 200 or not ctype.startswith("application/json"):
+        t.skipped = f"check: HTTP {r.status_code} {ctype} {r.text[:200]}"
+        return
+    msg = r.json()
+    if "result" not in msg:
+        t.skipped = f"check: JSON-RPC error {str(msg)[:200]}"
+        return
+    if t.request.protocol_version == MODERN and msg["result"].get("resultType") != "complete":
+        t.skipped = f"check: modern result without resultType 'complete': {str(msg)[:200]}"
+        return
+    if t.check and (err := t.check(msg["result"])):
+        t.skipped = "check: " + err
+
+
+# --------------------------------------------------------------------------- context
+
+
+class Context:
+    """What a workload function uses to start the things it measures."""
+
+    def __init__(self, args, procs: Procs, tmp: Path) -> None:
+        self.args = args
+        self.procs = procs
+        self.tmp = tmp
+        self.nginx_bin = ""
+        self._n = 0
+        self.gateway_problem: str | None = None   # cached: why the gateway can't run
+        self._gateway_checked = False
+        self.stats_urls: list[str] = []           # every bench backend of this workload
+
+    def backend_posts(self) -> int | None:
+        """POSTs received so far by all bench backends of this workload."""
+        try:
+            return sum(httpx.get(u, timeout=5).json()["posts"] for u in self.stats_urls)
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+
+    def _cpu(self, role: str) -> list[str]:
+        """Command prefix: pin ``role`` to its CPU, and raise priority (same for all roles)."""
+        pre: list[str] = []
+        if self.args.nice:
+            pre = ["nice", "-n", str(self.args.nice)]
+        if self.args.no_pin or not shutil.which("taskset") or (os.cpu_count() or 1) < 2:
+            return pre
+        cpu = {"shared": {"load": "0", "backend": "1", "proxy": "1"},
+               "split": {"load": "0", "backend": "0", "proxy": "1"}}[self.args.layout][role]
+        return ["taskset", "-c", cpu] + pre
+
+    def _logfile(self, name: str) -> Path:
+        self._n += 1
+        return self.tmp / f"{self._n:02d}-{name}.log"
+
+    def backend(self, mode: str = "modern", tools: int = 10, ttl_ms: int = 60_000) -> str:
+        port = free_port()
+        lp = self._logfile(f"backend-{mode}")
+        p = self.procs.start(f"backend-{mode}", self._cpu("backend") + [
+            PY, str(BENCH / "backend.py"), "--port", str(port), "--mode", mode,
+            "--tools", str(tools), "--ttl-ms", str(ttl_ms)], log_path=lp)
+        wait_ready(f"http://127.0.0.1:{port}/healthz", p, 15, lp)
+        self.stats_urls.append(f"http://127.0.0.1:{port}/stats")
+        return f"http://127.0.0.1:{port}/mcp"
+
+    def nginx(self, backend_url: str) -> str:
+        if not self.nginx_bin:
+            self.nginx_bin = ensure_tool("nginx", "nginx")
+        u = httpx.URL(backend_url)
+        port = free_port()
+        prefix = Path(tempfile.mkdtemp(prefix="nginx-", dir=self.tmp))
+        for d in ("logs", "tmp"):
+            (prefix / d).mkdir()
+        conf = string.Template((BENCH / "nginx.conf.template").read_text()).substitute(
+            prefix=prefix, backend_host=u.host, backend_port=u.port,
+            listen_host="127.0.0.1", listen_port=port)
+        (prefix / "nginx.conf").write_text(conf)
+        lp = self._logfile("nginx")
+        p = self.procs.start("nginx", self._cpu("proxy") + [
+            self.nginx_bin, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
+            "-e", str(prefix / "logs" / "error.log")], log_path=lp)
+        wait_ready(f"http://127.0.0.1:{port}/healthz", p, 15, prefix / "logs" / "error.log")
+        return f"http://127.0.0.1:{port}{u.path}"
+
+    def gateway_unavailable(self) -> str | None:
+        """Why the gateway can't be benchmarked (not importable yet), or None."""
+        if self.args.gateway_cmd:
+            return None
+        if not self._gateway_checked:
+            self._gateway_checked = True
+            try:
+                r = subprocess.run([PY, "-m", "gateway", "serve", "--help"], cwd=REPO,
+                                   capture_output=True, text=True, timeout=60,
+                                   stdin=subprocess.DEVNULL,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)})
+                if r.returncode != 0:
+                    last = (r.stderr.strip().splitlines() or ["?"])[-1]
+                    self.gateway_problem = f"gateway not runnable yet ({last[:160]})"
+            except subprocess.TimeoutExpired:
+                self.gateway_problem = "gateway not runnable yet ('serve --help' timed out)"
+        return self.gateway_problem
+
+    def gateway(self, backends: list[dict], extra_yaml: str = "cache: {store: memory}\n") -> str:
+        """Start `python -m gateway serve` in front of ``backends`` (dicts: name,url,era,prefix).
+
+        Raises RuntimeError (the caller marks the target skipped) if it can't start."""
+        if problem := self.gateway_unavailable():
+            raise RuntimeError(problem)
+        port = free_port()
+        lines = [f"server: {{host: 127.0.0.1, port: {port}, path: /mcp}}", "backends:"]
+        for b in backends:
+            lines.append("  - " + json.dumps(b))      # JSON is valid YAML flow style
+        cfg = self.tmp / f"gateway-{port}.yaml"
+        cfg.write_text("\n".join(lines) + "\n" + extra_yaml)
+        lp = self._logfile("gateway")
+        cmd = shlex.split(self.args.gateway_cmd) if self.args.gateway_cmd else \
+            [PY, "-m", "gateway"]
+        p = self.procs.start("gateway", self._cpu("proxy") + cmd + [
+            "serve", "--config", str(cfg),
+            "--host", "127.0.0.1", "--port", str(port)], log_path=lp, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        wait_ready(f"http://127.0.0.1:{port}/healthz", p, 30, lp)
+        return f"http://127.0.0.1:{port}/mcp"
+
+    def gateway_target(self, request: Request, check, backends: list[dict],
+                       name: str = "gateway", **kw) -> Target:
+        try:
+            url = self.gateway(backends, **kw)
+        except RuntimeError as e:
+            return Target(name, "", request, check, skipped=str(e).splitlines()[0][:200]
+                          if str(e) else "gateway failed to start")
+        return Target(name, url, request, check)
+
+
+def legacy_session(url: str) -> str:
+    """initialize + notifications/initialized with httpx; returns the warm session id."""
+    h = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    with httpx.Client(timeout=10) as c:
+        r = c.post(url, headers=h, json={
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": LEGACY, "capabilities": {},
+                       "clientInfo": {"name": "mcp-gateway-bench", "version": "0"}}})
+        r.raise_for_status()
+        sid = r.headers["mcp-session-id"]
+        version = r.json()["result"]["protocolVersion"]
+        h |= {"Mcp-Session-Id": sid, "MCP-Protocol-Version": version}
+        r = c.post(url, headers=h, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if r.status_code != 202:
+            raise RuntimeError(f"notifications/initialized -> HTTP {r.status_code}")
+    return sid
+
+
+# --------------------------------------------------------------------------- workloads
+# A workload is a small function Context -> list[Target].  The first target named
+# "direct" and the one named "nginx" are the baselines for the ratio columns.
+
+
+def wl_passthrough_call(ctx: Context) -> list[Target]:
+    be = ctx.backend("modern", tools=10)
+    return [
+        Target("direct", be, CALL_ECHO, check_call),
+        Target("nginx", ctx.nginx(be), CALL_ECHO, check_call),
+        ctx.gateway_target(CALL_ECHO, check_call,
+                           [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]),
+    ]
+
+
+def wl_tools_list(ctx: Context) -> list[Target]:
+    # ttlMs 0: the result is immediately stale, so a spec-following gateway forwards every
+    # request (this measures the list pass-through path, not the cache; see cache-hit-*).
+    n = 50
+    be = ctx.backend("modern", tools=n, ttl_ms=0)
+    chk = check_list(n)
+    return [
+        Target("direct", be, LIST_TOOLS, chk),
+        Target("nginx", ctx.nginx(be), LIST_TOOLS, chk),
+        ctx.gateway_target(LIST_TOOLS, chk,
+                           [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]),
+    ]
+
+
+def _legacy_call(sid: str) -> Request:
+    # What an initialized 2025-11-25 client sends: no Mcp-Method/Mcp-Name, no _meta version.
+    return Request(body={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "echo", "arguments": {"text": "hi"}}},
+                   protocol_version=LEGACY, session_id=sid)
+
+
+def wl_legacy_direct(ctx: Context) -> list[Target]:
+    be = ctx.backend("legacy", tools=10)
+    req = _legacy_call(legacy_session(be))
+    return [
+        Target("direct", be, req, check_call),
+        Target("nginx", ctx.nginx(be), req, check_call),
+    ]
+
+
+def wl_modern_to_legacy(ctx: Context) -> list[Target]:
+    """Modern client -> gateway -> legacy backend, against a warm legacy session direct."""
+    be = ctx.backend("legacy", tools=10)
+    req = _legacy_call(legacy_session(be))
+    return [
+        Target("direct", be, req, check_call),
+        Target("nginx", ctx.nginx(be), req, check_call),
+        ctx.gateway_target(CALL_ECHO, check_call,
+                           [{"name": "bench", "url": be, "era": "legacy", "prefix": ""}]),
+    ]
+
+
+def wl_cache_hit_memory(ctx: Context) -> list[Target]:
+    """tools/list with ttlMs 60 s: the gateway should answer from its memory cache."""
+    n = 50
+    be = ctx.backend("modern", tools=n, ttl_ms=60_000)
+    chk = check_list(n)
+    return [
+        Target("direct", be, LIST_TOOLS, chk),
+        Target("nginx", ctx.nginx(be), LIST_TOOLS, chk),
+        ctx.gateway_target(LIST_TOOLS, chk,
+                           [{"name": "bench", "url": be, "era": "modern", "prefix": ""}],
+                           name="gateway-cache"),
+    ]
+
+
+WORKLOADS: dict[str, tuple[Callable[[Context], list[Target]], str, bool]] = {
+    # name: (function, what it measures, in the default set)
+    "passthrough-call": (wl_passthrough_call,
+                         "tools/call echo on a modern backend: direct, nginx, gateway", True),
+    "tools-list": (wl_tools_list,
+                   "tools/list (50 tools, ttlMs 0 = not cacheable): direct, nginx, gateway", True),
+    "legacy-direct": (wl_legacy_direct,
+                      "tools/call on a 2025-11-25 backend with a warm session: direct, nginx",
+                      True),
+    "modern-to-legacy": (wl_modern_to_legacy,
+                         "modern tools/call through the gateway to a legacy backend, vs legacy"
+                         " direct/nginx", False),
+    "cache-hit-memory": (wl_cache_hit_memory,
+                         "tools/list (ttlMs 60 s, public) answered from the gateway memory cache",
+                         False),
+}
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def run_wrk(ctx: Context, t: Target, seconds: int) -> dict:
+    wrk = ensure_tool("wrk", "wrk")
+    a = ctx.args
+    argv = ctx._cpu("load") + [wrk, "-t", str(a.threads), "-c", str(a.connections),
+                               "-d", f"{seconds}s", "--timeout", "5s",
+                               "-s", str(BENCH / "mcp.lua"), t.url]
+    posts0 = ctx.backend_posts()
+    before = cpu_times()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True,
+                         env={**os.environ, **t.request.wrk_env()})
+    boost(p.pid, a.nice)
+    try:
+        out, err = p.communicate(timeout=seconds + 60)
+    except BaseException:                          # timeout, Ctrl-C: never leave wrk behind
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=5)
+        raise
+    r = subprocess.CompletedProcess(argv, p.returncode, out, err)
+    busy = cpu_busy(before, cpu_times())
+    posts1 = ctx.backend_posts()
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("WRK_JSON ")), None)
+    if r.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({r.returncode}): {r.stderr.strip()[:300]} "
+                           f"{r.stdout.strip()[-300:]}")
+    d = json.loads(line[len("WRK_JSON "):])
+    non2xx = 0
+    for ln in r.stdout.splitlines():
+        if "Non-2xx or 3xx responses:" in ln:
+            non2xx = int(ln.split(":")[1])
+    secs = d["duration_us"] / 1e6
+    e = d["errors"]
+    return {"rps": d["requests"] / secs if secs else 0.0,
+            "p50_ms": d["latency_us"]["p50"] / 1000, "p90_ms": d["latency_us"]["p90"] / 1000,
+            "p99_ms": d["latency_us"]["p99"] / 1000, "requests": d["requests"],
+            "non2xx": non2xx,
+            "socket_errors": e["connect"] + e["read"] + e["write"] + e["timeout"],
+            "cpu_busy_pct": busy,
+            # backend POSTs per client request: 1.0 = forwarded each one, ~0 = cache hit
+            "fwd": round((posts1 - posts0) / d["requests"], 3)
+            if posts0 is not None and posts1 is not None and d["requests"] else None}
+
+
+def measure(ctx: Context, targets: list[Target]) -> None:
+    a = ctx.args
+    live = [t for t in targets if not t.skipped]
+    for t in live:
+        if a.warmup:
+            try:
+                run_wrk(ctx, t, a.warmup)        # discarded: warms connection pools/caches
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                t.skipped = str(e)[:200]
+                log(f"  {t.name}: FAILED in warm-up: {t.skipped}")
+    live = [t for t in live if not t.skipped]
+    for rep in range(a.reps):
+        for t in live:                           # interleaved: A,B,C,A,B,C,...
+            if t.skipped:
+                continue
+            try:
+                res = run_wrk(ctx, t, a.duration)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                t.skipped = str(e)[:200]
+                log(f"  {t.name}: FAILED: {t.skipped}")
+                continue
+            t.runs.append(res)
+            bad = f" non2xx={res['non2xx']} sockerr={res['socket_errors']}" \
+                if res["non2xx"] or res["socket_errors"] else ""
+            cpus = " ".join(f"{c}:{v:.0f}%" for c, v in res["cpu_busy_pct"].items())
+            log(f"  rep {rep + 1}/{a.reps} {t.name:<14} {res['rps']:>9.0f} req/s "
+                f"p50 {res['p50_ms']:.2f} ms p99 {res['p99_ms']:.2f} ms fwd {res['fwd']}  "
+                f"busy {cpus}{bad}")
+
+
+def summarize(t: Target) -> dict | None:
+    if not t.runs:
+        return None
+    med = lambda k: statistics.median(r[k] for r in t.runs)  # noqa: E731
+    fwd = [r["fwd"] for r in t.runs if r.get("fwd") is not None]
+    return {"rps": med("rps"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "fwd": statistics.median(fwd) if fwd else None,
+            "non2xx": sum(r["non2xx"] for r in t.runs),
+            "socket_errors": sum(r["socket_errors"] for r in t.runs)}
+
+
+def table(workload: str, targets: list[Target]) -> str:
+    s = {t.name: summarize(t) for t in targets}
+    base = {k: s.get(k) for k in ("direct", "nginx")}
+
+    def ratio(v, b, key):
+        return f"{v[key] / b[key]:.2f}" if v and b and b[key] else "-"
+
+    head = ("| workload | target | req/s | p50 ms | p99 ms | rps/direct | rps/nginx | "
+            "p50/direct | p50/nginx | p99/direct | p99/nginx | +µs/req vs direct | fwd |")
+    rows = [head, "|" + "---|" * 13]
+    for t in targets:
+        v = s[t.name]
+        if v is None:
+            rows.append(f"| {workload} | {t.name} | skipped: {t.skipped} |" + " |" * 10)
+            continue
+        d = base["direct"]
+        extra = f"{1e6 / v['rps'] - 1e6 / d['rps']:+.0f}" if d and v["rps"] and d["rps"] else "-"
+        warn = " ⚠" if v["non2xx"] or v["socket_errors"] else ""
+        rows.append(
+            f"| {workload} | {t.name}{warn} | {v['rps']:.0f} | {v['p50_ms']:.2f} | "
+            f"{v['p99_ms']:.2f} | {ratio(v, d, 'rps')} | {ratio(v, base['nginx'], 'rps')} | "
+            f"{ratio(v, d, 'p50_ms')} | {ratio(v, base['nginx'], 'p50_ms')} | "
+            f"{ratio(v, d, 'p99_ms')} | {ratio(v, base['nginx'], 'p99_ms')} | {extra} | "
+            f"{'-' if v['fwd'] is None else format(v['fwd'], '.2f')} |")
+    return "\n".join(rows)
+
+
+def machine() -> str:
+    model = "?"
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                model = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    wrk_v = subprocess.run([shutil.which("wrk") or "wrk", "-v"], capture_output=True,
+                           text=True).stdout.splitlines()[:1] if shutil.which("wrk") else ["?"]
+    return (f"nproc={os.cpu_count()} cpu='{model}' loadavg={os.getloadavg()[0]:.2f} "
+            f"python={sys.version.split()[0]} wrk='{(wrk_v or ['?'])[0].strip()}'")
+
+
+# --------------------------------------------------------------------------- main
+
+
+LOCK_PATH = Path(tempfile.gettempdir()) / "mcp-gateway-bench.lock"
+
+
+def take_lock(timeout: float):
+    """One benchmark at a time on this machine: concurrent runs would measure each other."""
+    import fcntl
+
+    f = open(LOCK_PATH, "a+")
+    deadline = time.monotonic() + timeout
+    waited = False
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                raise SystemExit(f"another bench run holds {LOCK_PATH}; gave up after "
+                                 f"{timeout:.0f}s (--lock-timeout)")
+            if not waited:
+                log(f"another bench run holds {LOCK_PATH}; waiting up to {timeout:.0f}s")
+                waited = True
+            time.sleep(1)
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="mcp-gateway benchmark harness",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
+    p.add_argument("--quick", action="store_true", help="CI smoke: 3 reps x 1 s per target")
+    p.add_argument("--workloads", default="", help="comma list (default: the default set)")
+    p.add_argument("--list", action="store_true", help="list workloads and exit")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--duration", type=int, default=10, help="seconds per measured run")
+    p.add_argument("--warmup", type=int, default=2, help="seconds of discarded warm-up/target")
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1, help="wrk threads (all on the load CPU)")
+    p.add_argument("--layout", choices=("shared", "split"), default="shared",
+                   help="CPU pinning (see module doc)")
+    p.add_argument("--no-pin", action="store_true", help="do not use taskset")
+    p.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
+                   help="niceness for every process under test and wrk (default -10 as root:"
+                        " other tenants' CPU hogs then disturb less; same for every target)")
+    p.add_argument("--json", type=Path, help="also write raw results here")
+    p.add_argument("--lock-timeout", type=float, default=900,
+                   help="seconds to wait for another bench run on this machine to finish")
+    p.add_argument("--gateway-cmd", default="",
+                   help="command for the gateway instead of '<python> -m gateway' (gets "
+                        "'serve --config F --host H --port P' appended), e.g. 'mcp-gateway'")
+    a = p.parse_args(argv)
+
+    if a.list:
+        for name, (fn, desc, default) in WORKLOADS.items():
+            print(f"{name:<18} {'default' if default else 'extra  '}  {desc}")
+        return 0
+    if a.quick:
+        a.reps, a.duration, a.warmup = 3, 1, 1
+    names = [w.strip() for w in a.workloads.split(",") if w.strip()] or \
+        [n for n, (_, _, d) in WORKLOADS.items() if d]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        p.error(f"unknown workloads {unknown}; try --list")
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started with SIGINT ignored
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGHUP, _raise_exit)
+    lock = take_lock(a.lock_timeout)   # held until the process exits  # noqa: F841
+    ensure_tool("wrk", "wrk")
+    ensure_tool("nginx", "nginx")
+    info = machine()
+    log(info)
+    idle = idle_check()
+    log(f"busy before start: {idle}")
+    log(f"layout={a.layout} nice={a.nice} reps={a.reps} duration={a.duration}s warmup={a.warmup}s "
+        f"connections={a.connections} threads={a.threads}")
+
+    results: dict[str, list[Target]] = {}
+    procs = Procs(a.nice)
+    rc = 0
+    with tempfile.TemporaryDirectory(prefix="mcp-bench-") as tmp:
+        try:
+            for name in names:
+                log(f"workload {name}")
+                ctx = Context(a, procs, Path(tmp))
+                try:
+                    targets = WORKLOADS[name][0](ctx)
+                    for t in targets:
+                        if not t.skipped:
+                            verify(t)
+                        if t.skipped:
+                            log(f"  {t.name}: SKIPPED: {t.skipped}")
+                    measure(ctx, targets)
+                    results[name] = targets
+                except Exception as e:  # one broken workload must not stop the others
+                    log(f"workload {name} FAILED: {type(e).__name__}: {e}")
+                    rc = 1
+                finally:
+                    procs.stop_all()
+        except KeyboardInterrupt:
+            log("interrupted")
+            rc = 130
+        finally:
+            procs.stop_all()
+
+    out = [f"machine: {info} busy-before-start: {idle}",
+           f"layout={a.layout} nice={a.nice} reps={a.reps} x {a.duration}s, wrk -t{a.threads} "
+           f"-c{a.connections}; medians over reps", ""]
+    for i, (name, targets) in enumerate(results.items()):
+        tb = table(name, targets)
+        out.append(tb if i == 0 else "\n".join(tb.splitlines()[2:]))
+    print("\n".join(out))
+    if a.json:
+        a.json.write_text(json.dumps({
+            "machine": info, "args": {k: str(v) for k, v in vars(a).items()},
+            "results": {n: [{"target": t.name, "skipped": t.skipped, "runs": t.runs,
+                             "median": summarize(t)} for t in ts]
+                        for n, ts in results.items()}}, indent=2))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
