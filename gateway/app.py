@@ -3,7 +3,7 @@
 The request pipeline is declared here, in order, as data (the shape of Starlette's
 `Middleware` list):
 
-    telemetry → host (loopback only) → origin → authenticate → size limits → MCP endpoint
+    telemetry → host (loopback or allowed_hosts) → origin → authenticate → size limits → MCP endpoint
                                                                   (parse → validate → route →
                                                                    cache → forward → rewrite)
 
@@ -20,10 +20,14 @@ from starlette.middleware import Middleware
 
 from gateway import asgi, ops
 from gateway.endpoint import McpEndpoint
+from gateway.legacy_clients import LegacyClients
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
+from gateway.policies.jwt_auth import JwtAuth
+from gateway.policies.jwt_config import metadata_paths
 from gateway.policies.limits import RequestLimits
-from gateway.policies.origin import LoopbackHostPolicy, OriginPolicy
+from gateway.policies.origin import HostPolicy, OriginPolicy
+from gateway.policies.prm import ProtectedResourceMetadata
 from gateway.protocol import jsonrpc as rpc
 from gateway.runtime import Runtime
 from gateway.settings import GatewaySettings
@@ -31,14 +35,25 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.app")
 
 
+# Served beside the MCP endpoint; open even when auth.mode is jwt (k8s probes carry no token).
+OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics")
+
+
 def pipeline(settings: GatewaySettings) -> list[Middleware]:
     """The header-phase policies, outermost first."""
     server = settings.server
     steps: list[Middleware] = [Middleware(RequestTelemetry, path=server.path)]
-    if server.bound_to_loopback:
-        steps.append(Middleware(LoopbackHostPolicy, allowed_hosts=server.allowed_hosts))
-    steps.append(Middleware(OriginPolicy, allowed_origins=server.allowed_origins))
-    steps.append(Middleware(NoAuth))
+    checks_host = server.bound_to_loopback or bool(server.allowed_hosts)
+    if checks_host:
+        steps.append(Middleware(HostPolicy, allowed_hosts=server.allowed_hosts))
+    steps.append(Middleware(OriginPolicy, allowed_origins=server.allowed_origins, trust_same_host=checks_host))
+    if settings.auth.mode == "jwt":
+        # Probes and OAuth discovery carry no token: those paths stay open, every other path
+        # (the MCP endpoint, and any route added later) needs one (docs/auth.md).
+        open_paths = (*OPERATIONAL_PATHS, *metadata_paths(settings.auth, server.path))
+        steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths))
+    else:
+        steps.append(Middleware(NoAuth))
     steps.append(Middleware(RequestLimits, max_body_bytes=server.max_body_bytes))
     return steps
 
@@ -55,10 +70,20 @@ class GatewayApp:
     def __init__(self, settings: GatewaySettings, runtime: Runtime | None = None) -> None:
         self.settings = settings
         self.runtime = runtime or Runtime(settings)
+        server = settings.server
+        # Initialize-era clients get gateway sessions on the same endpoint (digest §h.9).
+        self.legacy_clients = LegacyClients(
+            self.runtime.dispatcher,
+            idle_seconds=server.legacy_session_idle_seconds,
+            max_sessions=server.legacy_max_sessions,
+            keepalive_seconds=server.keepalive_seconds,
+            input_timeout_seconds=server.legacy_input_timeout_seconds,
+        ) if server.legacy_clients else None
         endpoint = McpEndpoint(
             self.runtime.dispatcher,
             max_body_bytes=settings.server.max_body_bytes,
             keepalive_seconds=settings.server.keepalive_seconds,
+            legacy_clients=self.legacy_clients,
         )
         self.routes: dict[str, asgi.ASGIApp] = {
             settings.server.path: endpoint,
@@ -66,6 +91,9 @@ class GatewayApp:
             "/readyz": ops.Readyz(self.runtime),
             "/metrics": ops.metrics,
         }
+        if settings.auth.mode == "jwt":
+            metadata = ProtectedResourceMetadata(settings.auth)
+            self.routes.update({path: metadata for path in metadata_paths(settings.auth, server.path)})
         self.app = wrap(self._route, pipeline(settings))
 
     async def _route(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
@@ -94,6 +122,8 @@ class GatewayApp:
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self.legacy_clients is not None:
+                    await self.legacy_clients.aclose()
                 await self.runtime.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -146,6 +146,31 @@ def cmd_routes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache_flush(args: argparse.Namespace) -> int:
+    try:
+        settings = _load(args.config)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 1
+    from gateway.cache import admin
+    from gateway.cache.redis import redacted
+
+    if args.backend is not None and args.backend not in {b.name for b in settings.backends}:
+        print(f"cache flush: no backend is named {args.backend!r} in the configuration", file=sys.stderr)
+        return 1
+    try:
+        removed = asyncio.run(admin.flush(settings.cache, args.backend))
+    except admin.NotFlushable as exc:
+        print(f"cache flush: {exc}", file=sys.stderr)
+        return 1
+    except admin.StoreUnavailable as exc:
+        print(f"cache flush: redis at {redacted(settings.cache.redis_url)} is unavailable: {exc}", file=sys.stderr)
+        return 1
+    what = f"backend {args.backend!r}" if args.backend else "every backend"
+    print(f"cache flushed for {what}: {removed} key(s) removed")
+    return 0
+
+
 def cmd_demo_backend(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -179,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("routes", help="print the backends and the names they own")
     p.add_argument("--config")
     p.set_defaults(func=cmd_routes)
+
+    p = sub.add_parser("cache", help="operate on the shared response cache")
+    cache_sub = p.add_subparsers(dest="cache_command", required=True)
+    p = cache_sub.add_parser("flush", help="drop cached answers (store: redis), for every replica")
+    p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
+    p.add_argument("--backend", help="only this backend's entries")
+    p.set_defaults(func=cmd_cache_flush)
 
     p = sub.add_parser("demo-backend", help="run the bundled demo MCP backend on its own")
     p.add_argument("--host", default="127.0.0.1")

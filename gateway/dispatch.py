@@ -140,6 +140,14 @@ class Dispatcher:
                 check_param_headers(call, annotations)
         return await self._forward(target, call.with_name(upstream_name))
 
+    async def tool_param_headers(self, name: str) -> tuple[Any, ...]:
+        """The `x-mcp-header` annotations of the tool clients call `name` (empty if unknown).
+        Requests the gateway synthesizes (for legacy clients) mirror arguments with these."""
+        resolved = self.table.resolve_name(name)
+        if resolved is None:
+            return ()
+        return tuple(await self._param_annotations(*resolved) or ())
+
     async def _param_annotations(self, target: Target, tool: str) -> Any:
         annotations = self.table.param_headers(target, tool)
         if annotations is not None:
@@ -179,7 +187,10 @@ class Dispatcher:
         m = call.meta
         streaming = meta.PROGRESS_TOKEN in m or meta.LOG_LEVEL in m
         if streaming or "inputResponses" in call.params or "requestState" in call.params:
-            return await self._forward(target, call)
+            # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
+            reply = await self._forward(target, call)
+            reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
+            return reply
         message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
         return Reply(target.backend.name, status=_status_of(message), message=message,
                      headers=_cache_header([outcome]))

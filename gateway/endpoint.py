@@ -2,8 +2,10 @@
 
 POST only (GET/DELETE → 405, SHTTP §Earlier revisions). The body is read under a size cap,
 validated into a `Call` (protocol/request.py), dispatched, and answered as
-`application/json` or as `text/event-stream` relayed event by event. `Mcp-Session-Id` and
-`Last-Event-ID` are ignored: the revision has neither sessions nor resumable streams.
+`application/json` or as `text/event-stream` relayed event by event. The revision has
+neither sessions nor resumable streams; requests of initialize-era clients (an `initialize`,
+a legacy `MCP-Protocol-Version`, an `Mcp-Session-Id`) and GET/DELETE go to the
+`legacy_clients` seam when it is configured (gateway/legacy_clients/).
 """
 
 from __future__ import annotations
@@ -60,12 +62,14 @@ class McpEndpoint:
         except asgi.ClientGone:
             return
 
+        # Legacy clients are claimed before modern validation so that they never see a modern
+        # error (digest §h.9); a modern request costs one header lookup here.
+        if self.legacy_clients is not None and self.legacy_clients.claims(body, headers):
+            await self.legacy_clients.handle(scope, body, headers, receive, send)
+            return
         try:
             call = parse_call(body, headers)
         except rpc.McpError as exc:
-            if self.legacy_clients is not None and self.legacy_clients.claims(body, headers):
-                await self.legacy_clients.handle(scope, body, headers, receive, send)
-                return
             await asgi.send_error(send, exc)
             return
         call.principal = scope.get("auth")
@@ -142,7 +146,10 @@ class McpEndpoint:
         try:
             while True:
                 try:
-                    kind, item = await asyncio.wait_for(queue.get(), self.keepalive_seconds)
+                    # asyncio.timeout reschedules one timer; wait_for would wrap a task per
+                    # message, which costs real time at thousands of listen streams.
+                    async with asyncio.timeout(self.keepalive_seconds):
+                        kind, item = await queue.get()
                 except TimeoutError:
                     await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
                     continue

@@ -9,11 +9,13 @@ from typing import Any
 
 from gateway.backends import create_backend
 from gateway.backends.base import Backend
-from gateway.cache import NoCache, ResponseCache
+from gateway.cache import ResponseCache
+from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
+from gateway.subscriptions import build_hub
 
 log = logging.getLogger("gateway.runtime")
 
@@ -22,19 +24,22 @@ class Runtime:
     def __init__(self, settings: GatewaySettings, *, backends: list[Backend] | None = None,
                  cache: ResponseCache | None = None, hub: Hub | None = None) -> None:
         self.settings = settings
-        self.backends = backends if backends is not None else [create_backend(b) for b in settings.backends]
+        self.backends = backends if backends is not None else [create_backend(b, settings) for b in settings.backends]
         self.table = RouteTable(
             [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends]
         )
-        self.cache: ResponseCache = cache or NoCache()
-        self.hub = hub
-        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=hub)
+        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
+        self.hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
+        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
         self._discovery: asyncio.Task[None] | None = None
         self.shutting_down = False
 
     async def start(self) -> None:
         await asyncio.gather(*(b.start() for b in self.backends))
         await self.cache.start()
+        starter = getattr(self.hub, "start", None)
+        if starter is not None:
+            await starter()
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")

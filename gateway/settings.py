@@ -13,7 +13,15 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "MCP_GATEWAY_"
@@ -37,6 +45,16 @@ class ServerSettings(_Frozen):
     graceful_shutdown_seconds: Annotated[float, Field(ge=0)] = 20.0
     # SSE keep-alive comment interval on quiet streams.
     keepalive_seconds: Annotated[float, Field(gt=0)] = 15.0
+    # Serve initialize-era clients (2025-11-25/06-18/03-26) with gateway sessions on the same
+    # endpoint (docs/legacy-clients.md). Off: they get the modern 400s.
+    legacy_clients: bool = True
+    # A legacy client session with no request and no open stream for this long ends (404).
+    legacy_session_idle_seconds: Annotated[float, Field(gt=0)] = 1800.0
+    # Live legacy client sessions per replica; the least recently used one makes room.
+    legacy_max_sessions: Annotated[int, Field(gt=0)] = 10_000
+    # How long a legacy client has to answer a request the gateway sent it (elicitation,
+    # sampling, roots) on behalf of a backend's InputRequiredResult.
+    legacy_input_timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
 
     @field_validator("path")
     @classmethod
@@ -86,6 +104,19 @@ class BackendSettings(_Frozen):
     # before any byte reached the client.
     retries: Annotated[int, Field(ge=0, le=5)] = 1
     max_connections: Annotated[int, Field(gt=0)] = 256
+    # Initialize-era backends (docs/legacy.md). They send no caching hints, so the gateway
+    # adds these to their cacheable results (digest §e: the hints are required).
+    default_ttl_ms: Annotated[int, Field(ge=0)] = 0
+    default_cache_scope: Literal["private", "public"] = "private"
+    # Live initialized sessions per backend (one per client-capability set in use); the least
+    # recently used idle one is closed (DELETE) to make room.
+    session_pool_size: Annotated[int, Field(gt=0, le=1024)] = 16
+    # An idle legacy session is closed after this long.
+    session_idle_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # How long a legacy backend call stays parked waiting for the client's MRTR retry.
+    input_wait_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # stdio backends: first delay before restarting a process that died (doubles, capped).
+    restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
 
     @field_validator("url")
     @classmethod
@@ -177,7 +208,58 @@ class CacheSettings(_Frozen):
 
 
 class AuthSettings(_Frozen):
+    """How callers authenticate (docs/auth.md). `jwt`: the gateway is an OAuth 2.1 resource
+    server (digest §i) that validates JWT access tokens itself and serves RFC 9728 metadata."""
+
     mode: Literal["none", "jwt"] = "none"
+    # The `iss` every token must carry.
+    issuer: str | None = None
+    # The gateway's canonical resource URI (RFC 8707 §2), e.g. https://mcp.example.com/mcp:
+    # the `aud` every token must carry, and the `resource` of the protected resource metadata.
+    audience: str | None = None
+    # Exactly one key source: a JWKS URL, a PEM public key (inline or a file), or a shared
+    # HMAC secret (docs/auth.md explains the trade-off).
+    jwks_url: str | None = None
+    public_key: str | None = None
+    public_key_file: str | None = None
+    hs256_secret: SecretStr | None = None
+    # Accepted `alg` values. Default: RS256 and ES256 with jwks_url, the key's own algorithm
+    # with a public key, HS256 with hs256_secret. Never "none".
+    algorithms: tuple[str, ...] | None = None
+    leeway_seconds: Annotated[float, Field(ge=0, le=300)] = 30.0
+    # Scopes every request needs, and scopes per MCP method on top of them.
+    required_scopes: tuple[str, ...] = ()
+    method_scopes: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Scope hierarchy (spec: a broader scope implies narrower ones): scope -> scopes it implies.
+    scope_implies: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # RFC 9728: the authorization servers clients should use (at least one), and the scopes
+    # published in the metadata (default: `required_scopes`).
+    authorization_servers: tuple[str, ...] = ()
+    scopes_supported: tuple[str, ...] | None = None
+    # Where the metadata is published, when not the path-inserted well-known URL of `audience`.
+    resource_metadata_url: str | None = None
+    # JWKS: keys are kept this long; an unknown `kid` triggers a refetch at most once per
+    # `jwks_min_refresh_seconds`; when the IdP is down the last good key set keeps serving.
+    jwks_cache_seconds: Annotated[float, Field(gt=0)] = 300.0
+    jwks_min_refresh_seconds: Annotated[float, Field(ge=0)] = 30.0
+    jwks_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AuthSettings:
+        # Kept beside the policy, so every rule about a key source lives in one module.
+        from gateway.policies.jwt_config import check_auth_settings
+
+        check_auth_settings(self)
+        return self
+
+
+class SecuritySettings(_Frozen):
+    # Key for the HMAC that seals gateway-minted MRTR `requestState` (docs/legacy.md). Unset:
+    # a random per-process key, which only works with a single replica.
+    secret: str | None = None
+    # This replica's own MCP endpoint as the other replicas reach it; an MRTR retry that lands
+    # on another replica is forwarded here. Default: http://<server.host>:<server.port><path>.
+    advertise_url: str | None = None
 
 
 class ObservabilitySettings(_Frozen):
@@ -190,6 +272,32 @@ class ObservabilitySettings(_Frozen):
     tracing_exporter: Literal["console", "otlp"] = "console"
 
 
+class SubscriptionSettings(_Frozen):
+    """The subscriptions/listen hub (docs/subscriptions.md)."""
+
+    # Client listen streams one replica accepts, in total and per principal.
+    max_listens: Annotated[int, Field(gt=0)] = 10_000
+    max_listens_per_principal: Annotated[int, Field(gt=0)] = 1_000
+    # Notifications a client may fall behind before its stream is closed (it re-listens).
+    queue_size: Annotated[int, Field(gt=0)] = 256
+    # An upstream listen stays open this long after its last client left.
+    linger_seconds: Annotated[float, Field(ge=0)] = 2.0
+    # How long a client's ack waits for a backend's upstream ack; a backend that is later is
+    # left out of that client's ack.
+    ack_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Upstream reconnects: exponential backoff with jitter between these bounds.
+    reconnect_initial_seconds: Annotated[float, Field(gt=0)] = 0.2
+    reconnect_max_seconds: Annotated[float, Field(gt=0)] = 15.0
+    # Redis for fan-out across replicas and the election of one holder per upstream stream.
+    # Unset: cache.redis_url when cache.store is redis; otherwise each replica works alone.
+    redis_url: str | None = None
+    redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
+    # A holder that stops renewing loses its streams to another replica after this long.
+    lease_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Backends whose notifications depend on who listens: one upstream listen per principal.
+    principal_scoped_backends: tuple[str, ...] = ()
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
@@ -199,7 +307,9 @@ class GatewaySettings(BaseSettings):
     backends: tuple[BackendSettings, ...] = ()
     cache: CacheSettings = CacheSettings()
     auth: AuthSettings = AuthSettings()
+    security: SecuritySettings = SecuritySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+    subscriptions: SubscriptionSettings = SubscriptionSettings()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
     demo: bool = False
 
@@ -221,6 +331,9 @@ class GatewaySettings(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(dupes)}")
+        for name in self.subscriptions.principal_scoped_backends:
+            if name not in names:
+                raise ValueError(f"subscriptions.principal_scoped_backends: no backend is named {name!r}")
         for i, rule in enumerate(self.cache.rules):
             if rule.backend is not None and rule.backend not in names:
                 raise ValueError(f"cache.rules.{i}.backend: no backend is named {rule.backend!r}")

@@ -2,19 +2,47 @@
 
 from __future__ import annotations
 
+import httpx
+
 from gateway.backends.base import Backend
-from gateway.settings import BackendSettings
+from gateway.settings import BackendSettings, GatewaySettings
 
 
 class UnsupportedBackend(ValueError):
     pass
 
 
-def create_backend(settings: BackendSettings) -> Backend:
-    """The backend implementation for one configured backend."""
-    if settings.url is not None and settings.era in ("modern", "auto"):
-        from gateway.backends.modern import ModernHttpBackend
+def create_backend(settings: BackendSettings, gateway: GatewaySettings | None = None) -> Backend:
+    """The backend implementation for one configured backend. `gateway` (the whole settings)
+    supplies what legacy backends share across the fleet: the MRTR secret and this replica's
+    address (docs/legacy.md)."""
+    if settings.command is not None:
+        from gateway.backends.legacy import stdio
 
+        if settings.era == "modern":
+            return stdio.ModernStdioBackend(settings)
+        if settings.era == "legacy":
+            return stdio.LegacyStdioBackend(settings, gateway)
+        from gateway.backends.legacy.detect import AutoBackend
+
+        prober = stdio.StdioAutoProbe(settings)
+        return AutoBackend(settings, probe=prober.probe, make=lambda era: prober.make(era, gateway))
+
+    from gateway.backends.modern import ModernHttpBackend
+
+    if settings.era == "modern":
         return ModernHttpBackend(settings)
-    kind = "stdio" if settings.command is not None else f"era {settings.era!r}"
-    raise UnsupportedBackend(f"backend {settings.name!r}: {kind} backends are not supported by this build")
+    from gateway.backends.legacy.http_backend import LegacyHttpBackend
+
+    if settings.era == "legacy":
+        return LegacyHttpBackend(settings, gateway)
+    from gateway.backends.legacy.detect import AutoBackend, probe_http
+
+    async def probe() -> str:
+        async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
+            return await probe_http(client, settings)
+
+    def make(era: str) -> Backend:
+        return ModernHttpBackend(settings) if era == "modern" else LegacyHttpBackend(settings, gateway)
+
+    return AutoBackend(settings, probe=probe, make=make)

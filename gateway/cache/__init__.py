@@ -1,8 +1,12 @@
-"""The response cache seam (issue: shared, scope-correct response cache).
+"""The response cache seam (docs/cache.md).
 
 The dispatcher sends every cacheable backend call (`tools/list` pages, `resources/read`, …)
 through `ResponseCache.fetch`, which either answers from the store or calls `load` and maybe
-stores the answer. The outcome becomes the `X-Cache` response header.
+stores the answer. The outcome becomes the `X-Cache` response header. The answer carries the
+`ttlMs` still left and the `cacheScope` the gateway applied.
+
+The subscription hub calls the `invalidate_*` methods; `build_cache` (factory.py) makes the
+configured implementation (`StoreCache` over memory, or Redis with a local layer).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ class ResponseCache(Protocol):
 
     async def invalidate_resource(self, backend: str, uri: str) -> None: ...
 
+    async def invalidate_backend(self, backend: str) -> None: ...
+
     async def start(self) -> None: ...
 
     async def aclose(self) -> None: ...
@@ -41,6 +47,9 @@ class NoCache:
         return None
 
     async def invalidate_resource(self, backend: str, uri: str) -> None:
+        return None
+
+    async def invalidate_backend(self, backend: str) -> None:
         return None
 
     async def start(self) -> None:

@@ -86,7 +86,9 @@ class CachePolicy:
         if isinstance(result, dict):
             if result.get("resultType", "complete") != "complete":
                 return None  # spec: interim results are not cacheable and carry no hints
-            scope: Scope = "public" if result.get("cacheScope") == "public" and not rule.force_private else "private"
+            scope: Scope = (
+                "public" if result.get("cacheScope") == "public" and not rule.force_private else "private"
+            )
             sent = result.get("ttlMs")
             if isinstance(sent, (int, float)) and not isinstance(sent, bool):
                 if sent <= 0:
@@ -106,8 +108,12 @@ class CachePolicy:
             and self.settings.negative_ttl_ms > 0
             and rule.enabled
         ):
-            return Decision(store=True, ttl_ms=self.settings.negative_ttl_ms,
-                            scope="private" if rule.force_private else "public", negative=True)
+            return Decision(
+                store=True,
+                ttl_ms=self.settings.negative_ttl_ms,
+                scope="private" if rule.force_private else "public",
+                negative=True,
+            )
         return None
 
 

@@ -43,3 +43,19 @@ def method_label(method: str | None) -> str:
 
 def status_label(status: int) -> str:
     return f"{status // 100}xx"
+CACHE_LOOKUPS = Counter(
+    "mcp_gateway_cache_lookups_total",
+    "Cacheable backend calls by method, applied cache scope (public, private, none) and outcome "
+    "(hit, miss, stale, bypass).",
+    ["method", "scope", "outcome"],
+)
+CACHE_STORE_ERRORS = Counter(
+    "mcp_gateway_cache_store_errors_total",
+    "Cache store operations that failed; the request went on without the cache.",
+    ["store", "operation"],
+)
+CACHE_INVALIDATIONS = Counter(
+    "mcp_gateway_cache_invalidations_total",
+    "Cache invalidations by kind (lists, resource, backend, flush).",
+    ["kind"],
+)

@@ -5,6 +5,8 @@ binds MRTR state and legacy sessions.
 `mode: none` authenticates nobody, but still tells callers apart by a hash of the credentials
 they present, so a `private` cache entry is never served to a caller holding other
 credentials. The raw credential is never stored.
+
+`mode: jwt` is `jwt_auth.JwtAuth` (an OAuth 2.1 resource server; docs/auth.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class Principal:
     subject: str
     issuer: str = ""
     authenticated: bool = False
+    # Granted scopes, hierarchy expanded (mode: jwt); empty otherwise.
+    scopes: frozenset[str] = frozenset()
 
     @property
     def key(self) -> str:

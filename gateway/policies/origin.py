@@ -7,7 +7,12 @@ name; it cannot forge `Origin`, and the `Host` it sends is its own name. So:
   origins, the origin of the request's own Host (same-host), and `server.allowed_origins`.
 - When the gateway listens on loopback, a `Host` that is not a loopback name (or listed in
   `server.allowed_hosts`) is refused too: nothing legitimate reaches a loopback socket under
-  a foreign name.
+  a foreign name. When it listens beyond loopback and `server.allowed_hosts` is set, the Host
+  must be one of those (or a loopback name, for local probes).
+- "Same-host" Origins are trusted only while the Host itself is checked: without a Host
+  check, a rebinding page sends a Host and an Origin of its own choosing that match each
+  other, so equality proves nothing. A deployment beyond loopback without `allowed_hosts`
+  accepts loopback Origins and `allowed_origins` only.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ async def _forbid(send: asgi.Send, why: str) -> None:
 
 
 class OriginPolicy:
-    def __init__(self, app: asgi.ASGIApp, *, allowed_origins: Iterable[str] = ()) -> None:
+    def __init__(self, app: asgi.ASGIApp, *, allowed_origins: Iterable[str] = (), trust_same_host: bool = True
+                 ) -> None:
         self.app = app
+        self.trust_same_host = trust_same_host
         origins = {o.rstrip("/").lower() for o in allowed_origins}
         self.allow_any = "*" in origins
         self.allowed = frozenset(origins - {"*"})
@@ -60,7 +67,7 @@ class OriginPolicy:
             return False  # includes the opaque "null" origin
         if _is_loopback_host(parts.hostname):
             return True
-        return host is not None and parts.netloc == host.lower()
+        return self.trust_same_host and host is not None and parts.netloc == host.lower()
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] != "http":
@@ -75,8 +82,9 @@ class OriginPolicy:
         await self.app(scope, receive, send)
 
 
-class LoopbackHostPolicy:
-    """Installed only when the gateway is bound to a loopback address."""
+class HostPolicy:
+    """Refuses a `Host` that is neither a loopback name nor in `allowed_hosts`. Installed when
+    the gateway is bound to loopback, or when `server.allowed_hosts` is configured."""
 
     def __init__(self, app: asgi.ASGIApp, *, allowed_hosts: Iterable[str] = ()) -> None:
         self.app = app
@@ -89,6 +97,6 @@ class LoopbackHostPolicy:
         raw = asgi.get_header(scope, b"host")
         host = _split_host(raw.decode("latin-1")) if raw else ""
         if not (_is_loopback_host(host) or host in self.allowed):
-            await _forbid(send, f"Host {host!r} is not a loopback name (DNS-rebinding protection)")
+            await _forbid(send, f"Host {host!r} is not a loopback name or an allowed host (DNS-rebinding protection)")
             return
         await self.app(scope, receive, send)

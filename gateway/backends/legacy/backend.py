@@ -1,0 +1,300 @@
+"""A legacy (initialize-era) backend behind the modern front (digest §h).
+
+`send(call)` takes a validated modern call and answers it as a modern server would: it picks
+a warm session from the pool, sends the translated request under a fresh id, and turns what
+the backend sends back into modern messages — progress with the client's token, log messages
+only when asked for, backend requests as `InputRequiredResult` (MRTR), the final response
+with `resultType`, caching hints and serverInfo.
+
+Transport (HTTP or stdio) is a subclass concern: `_new_session`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.backends.base import Backend, Message, Reply
+from gateway.backends.legacy import mrtr, translate
+from gateway.backends.legacy.listen import LegacyListens
+from gateway.backends.legacy.pool import SessionPool
+from gateway.backends.legacy.session import Exchange, LegacySession
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import meta
+from gateway.protocol.request import Call
+from gateway.settings import BackendSettings, GatewaySettings
+
+log = logging.getLogger("gateway.backends.legacy")
+
+
+class LegacyBackend(Backend):
+    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
+        super().__init__(settings)
+        gateway = gateway or GatewaySettings()
+        self._gateway = gateway
+        self.pool = SessionPool(self.name, self._new_session, size=settings.session_pool_size,
+                                idle_seconds=settings.session_idle_seconds)
+        self.listens = LegacyListens(self)
+        self.sealer = mrtr.sealer_from_settings(gateway)
+        self.owner = mrtr.owner_url(gateway)
+        self.continuations = mrtr.Continuations()
+        self.forwarder = mrtr.Forwarder(settings.timeout_seconds)
+
+    # -- transport hooks ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _new_session(self, capabilities: dict[str, Any]) -> LegacySession:
+        """A fresh, not yet initialized session declaring these client capabilities."""
+
+    def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]:
+        return translate.session_capabilities(client_capabilities)
+
+    async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:
+        """Start whatever carries notifications unrelated to requests (HTTP: the GET stream):
+        (whether there is such a channel, the task that holds it open if any)."""
+        return False, None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        mrtr.warn_if_ephemeral(self._gateway)
+        self.pool.start()
+
+    async def aclose(self) -> None:
+        self.continuations.close_all()
+        await self.listens.aclose()
+        await self.pool.aclose()
+        await self.forwarder.aclose()
+
+    # -- the one working method ---------------------------------------------------------
+
+    async def send(self, call: Call) -> Reply:
+        if call.is_notification:
+            return Reply(self.name, status=202)
+        method = call.method
+        if method == "server/discover":
+            session = await self.pool.get(self.session_capabilities({}))
+            result = translate.discover_result(session.initialize_result or {}, ttl_ms=self.settings.default_ttl_ms,
+                                               cache_scope=self.settings.default_cache_scope)
+            return Reply(self.name, message=rpc.result_message(call.id, result))  # type: ignore[arg-type]
+        if method == "subscriptions/listen":
+            return await self.listens.listen(call)
+        if "requestState" in call.params:
+            return await self._resume(call)
+        mrtr_capable = call.spec is not None and call.spec.mrtr
+        capabilities = self.session_capabilities(call.client_capabilities if mrtr_capable else {})
+        wants_logs = call.log_level is not None
+        if wants_logs:
+            await self._ensure_log_level(await self.pool.get(capabilities))
+        try:
+            session, exchange = await self.pool.request(
+                capabilities, method, translate.legacy_params(call.params),
+                progress=meta.PROGRESS_TOKEN in call.meta, wants_logs=wants_logs)
+        except rpc.McpError as exc:
+            self.last_error = exc.message
+            raise exc.with_id(call.id)
+        return await self._answer(call, session, exchange)
+
+    async def _ensure_log_level(self, session: LegacySession) -> None:
+        """Legacy log levels are per session (§h.8): ask once for everything and filter per
+        request, so that one session serves requests with different levels."""
+        if session.log_level_set or "logging" not in session.server_capabilities:
+            return
+        session.log_level_set = True
+        try:
+            exchange = await session.request("logging/setLevel", {"level": "debug"})
+            await exchange.next(self.settings.timeout_seconds)
+        except (rpc.McpError, Exception) as exc:  # logging is best effort, never the call's failure
+            log.info("backend %s: logging/setLevel failed: %s", self.name, exc)
+
+    # -- relaying one exchange ----------------------------------------------------------
+
+    async def _answer(self, call: Call, session: LegacySession, exchange: Exchange) -> Reply:
+        """Wait for the first message: a lone response becomes a plain JSON reply (the common
+        case: no stream to relay), anything else starts a stream."""
+        try:
+            first = await exchange.next(self.settings.timeout_seconds)
+        except asyncio.CancelledError:
+            session.cancel_soon(exchange, "the client went away")
+            raise
+        except rpc.McpError as exc:
+            session.cancel_soon(exchange, exc.message)
+            raise _named(exc, self.name).with_id(call.id) from None
+        if "method" not in first:
+            final = self._final(first, call, session)
+            return Reply(self.name, status=_status_of(final), message=final)
+        return Reply(self.name, stream=self._relay(call, session, exchange, first))
+
+    async def _relay(self, call: Call, session: LegacySession, exchange: Exchange,
+                     first: Message | None) -> AsyncIterator[Message]:
+        settled = False  # the call got its answer, or was parked for an MRTR retry
+        try:
+            message = first
+            while True:
+                if message is None:
+                    try:
+                        message = await exchange.next(self.settings.timeout_seconds)
+                    except rpc.McpError as exc:
+                        raise _named(exc, self.name).with_id(call.id) from None
+                method = message.get("method")
+                if method is None:
+                    settled = True
+                    yield self._final(message, call, session)
+                    return
+                if "id" in message:
+                    answer = await self._backend_request(call, session, exchange, message)
+                    if answer is not None:
+                        settled = True
+                        yield answer
+                        return
+                else:
+                    relayed = self._notification(call, message)
+                    if relayed is not None:
+                        yield relayed
+                message = None
+        finally:
+            if not settled:
+                session.cancel_soon(exchange, "the client went away")
+
+    def _final(self, message: Message, call: Call, session: LegacySession) -> Message:
+        return translate.result_for_client(message, call.id, call.method, server_info=session.server_info,
+                                           ttl_ms=self.settings.default_ttl_ms,
+                                           cache_scope=self.settings.default_cache_scope)
+
+    @staticmethod
+    def _notification(call: Call, message: Message) -> Message | None:
+        method = message["method"]
+        params = message.get("params") or {}
+        if method == "notifications/progress":
+            token = call.meta.get(meta.PROGRESS_TOKEN)
+            if token is None:
+                return None
+            return rpc.notification(method, {**params, "progressToken": token})
+        if method == "notifications/message":
+            # LOG: nothing for a request without a level; at or above it otherwise.
+            level = call.log_level
+            if level is None or not translate.log_level_passes(params.get("level"), level):
+                return None
+            return rpc.notification(method, params)
+        # notifications/cancelled (of a backend request), elicitation/complete and anything
+        # else legacy-only have no modern meaning on a response stream (§h.5).
+        return None
+
+    async def _backend_request(self, call: Call, session: LegacySession, exchange: Exchange,
+                               message: Message) -> Message | None:
+        """A backend request on this call's stream. Returns what ends the client's answer
+        (InputRequiredResult or an error), or None when the call goes on."""
+        method = message["method"]
+        if method not in translate.INPUT_METHODS or call.spec is None or not call.spec.mrtr:
+            # §h.5: only tools/call, prompts/get and resources/read can carry input requests.
+            await _respond(session, message["id"], error=(
+                rpc.METHOD_NOT_FOUND, f"{method} cannot reach the client during {call.method}"))
+            return None
+        missing = translate.missing_capability(message, call.client_capabilities)
+        if missing is not None:
+            # Never a hang: refuse it upstream, stop the call, tell the client what it lacks.
+            await _respond(session, message["id"], error=(
+                rpc.MISSING_REQUIRED_CLIENT_CAPABILITY, f"the client did not declare {sorted(missing)[0]}"))
+            session.cancel_soon(exchange, "the client lacks a required capability")
+            err = rpc.missing_capability(missing, call.id)
+            err.message = f"Missing required client capability: backend {self.name!r} sent {method}"
+            return err.to_message()
+        return self._park(call, session, exchange, {f"r{message['id']}": message})
+
+    # -- MRTR ---------------------------------------------------------------------------
+
+    def _park(self, call: Call, session: LegacySession, exchange: Exchange,
+              pending: dict[str, Message]) -> Message:
+        expires = time.time() + self.settings.input_wait_seconds
+        continuation = mrtr.Continuation(mrtr.new_continuation_id(), self.name, session, exchange, pending, expires,
+                                         on_expire=self._expired)
+        self.continuations.park(continuation)
+        state = self.sealer.seal({
+            "c": continuation.id, "o": self.owner, "b": self.name, "p": mrtr.principal_key(call),
+            "d": mrtr.request_digest(call), "exp": expires, "k": sorted(pending),
+        })
+        result = {
+            "resultType": "input_required",
+            "inputRequests": {key: translate.input_request(m) for key, m in pending.items()},
+            "requestState": state,
+        }
+        return rpc.result_message(call.id, result)  # type: ignore[arg-type]
+
+    def _expired(self, continuation: mrtr.Continuation) -> None:
+        session: LegacySession = continuation.session
+
+        async def give_up() -> None:
+            for message in continuation.pending.values():
+                if message["method"] == "elicitation/create":
+                    await _respond(session, message["id"], result={"action": "cancel"})
+                else:
+                    await _respond(session, message["id"], error=(rpc.INTERNAL_ERROR, "the client did not answer"))
+            await session.cancel(continuation.exchange, "the client did not retry in time")
+
+        session.spawn(give_up())
+
+    async def _resume(self, call: Call) -> Reply:
+        try:
+            state = self.sealer.open(call.params.get("requestState"))
+        except mrtr.StateError as exc:
+            raise rpc.invalid_params(str(exc), call.id) from None
+        if state.get("b") != self.name:
+            raise rpc.invalid_params("requestState belongs to another backend", call.id)
+        if state.get("o") != self.owner:
+            if mrtr.FORWARDED_HEADER in call.headers:
+                raise rpc.invalid_params("requestState refers to a call this replica does not hold", call.id)
+            forwarded = await self.forwarder.forward(call, str(state.get("o")), self.name)
+            if isinstance(forwarded, dict):
+                return Reply(self.name, status=_status_of(forwarded), message=forwarded)
+            return Reply(self.name, stream=forwarded)
+        if state.get("p") != mrtr.principal_key(call):
+            raise rpc.invalid_params("requestState was issued to another principal", call.id)
+        if state.get("d") != mrtr.request_digest(call):
+            raise rpc.invalid_params("requestState was issued for a different request", call.id)
+        continuation = self.continuations.take(str(state.get("c")))
+        if continuation is None:
+            raise rpc.invalid_params("requestState refers to a call that expired or was already resumed", call.id)
+        session: LegacySession = continuation.session
+        responses = call.params.get("inputResponses")
+        responses = responses if isinstance(responses, dict) else {}
+        unanswered: dict[str, Message] = {}
+        for key, message in continuation.pending.items():
+            answer = responses.get(key)
+            if isinstance(answer, dict):
+                await _respond(session, message["id"], result=answer)
+            else:
+                unanswered[key] = message
+        if unanswered:
+            # MRTR: missing responses SHOULD get a new InputRequiredResult, not an error.
+            return Reply(self.name, message=self._park(call, session, continuation.exchange, unanswered))
+        return await self._answer(call, session, continuation.exchange)
+
+
+async def _respond(session: LegacySession, request_id: Any, *, result: Message | None = None,
+                   error: tuple[int, str] | None = None) -> None:
+    try:
+        await session.respond(request_id, result=result, error=error)
+    except Exception as exc:  # the call's own stream reports the consequence, if any
+        log.info("backend %s: could not answer backend request %r: %s", session.backend, request_id, exc)
+
+
+def _named(exc: rpc.McpError, backend: str) -> rpc.McpError:
+    if exc.data is None and exc.code in (rpc.BACKEND_TIMEOUT, rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_PROTOCOL_ERROR):
+        exc.data = {"backend": backend}
+        if not exc.message.startswith("Backend"):
+            exc.message = f"Backend {backend!r}: {exc.message}"
+    return exc
+
+
+def _status_of(message: Message) -> int:
+    error = message.get("error")
+    if isinstance(error, dict) and error.get("code") in (
+            rpc.INVALID_PARAMS, rpc.INVALID_REQUEST, rpc.MISSING_REQUIRED_CLIENT_CAPABILITY):
+        return 400
+    if isinstance(error, dict) and error.get("code") == rpc.METHOD_NOT_FOUND:
+        return 404
+    return 200

@@ -1,0 +1,76 @@
+"""The legacy Streamable HTTP backend: sessions from http.py, its GET stream for listens."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from gateway.backends.legacy.backend import LegacyBackend
+from gateway.backends.legacy.http import HttpSession, NoListenStream
+from gateway.backends.legacy.session import LegacySession, SessionExpired
+from gateway.settings import BackendSettings, GatewaySettings
+
+log = logging.getLogger("gateway.backends.legacy.http")
+
+
+class LegacyHttpBackend(LegacyBackend):
+    """A legacy Streamable HTTP backend (2025-03-26 … 2025-11-25)."""
+
+    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None, *,
+                 client: httpx.AsyncClient | None = None) -> None:
+        super().__init__(settings, gateway)
+        assert settings.url is not None
+        self.url = settings.url
+        self._client = client
+
+    async def start(self) -> None:
+        if self._client is None:
+            s = self.settings
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds),
+                limits=httpx.Limits(max_connections=s.max_connections,
+                                    max_keepalive_connections=s.max_connections),
+                follow_redirects=False, trust_env=False)
+        await super().start()
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self._client is not None:
+            await self._client.aclose()
+
+    def _new_session(self, capabilities: dict[str, Any]) -> HttpSession:
+        assert self._client is not None, "backend not started"
+        return HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, url=self.url,
+                           headers=dict(self.settings.headers), timeout=self.settings.timeout_seconds,
+                           connect_timeout=self.settings.connect_timeout_seconds)
+
+    async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:
+        assert isinstance(session, HttpSession)
+        connected = asyncio.Event()
+        holder = asyncio.ensure_future(self._hold_get_stream(session, connected))
+        waiter = asyncio.ensure_future(connected.wait())
+        await asyncio.wait({holder, waiter}, timeout=self.settings.connect_timeout_seconds,
+                           return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if holder.done():
+            exc = holder.exception()
+            if not isinstance(exc, NoListenStream):
+                log.info("backend %s: no GET stream: %r", self.name, exc)
+            return False, None
+        return True, holder
+
+    async def _hold_get_stream(self, session: HttpSession, connected: asyncio.Event) -> None:
+        """The GET stream of the listen session, re-opened on a renewed session (§h.3)."""
+        while True:
+            try:
+                await session.listen_stream(connected)
+            except SessionExpired:
+                session = await self.pool.renew(session)  # type: ignore[assignment]
+                continue
+            current = self.listens.session
+            if not isinstance(current, HttpSession) or current is session or current.closed:
+                return
+            session = current

@@ -1,0 +1,300 @@
+"""The shared store: Redis, seen by every replica.
+
+- A lookup is one round trip (`MGET` of the public and the private key).
+- A store is one round trip (a pipeline: `SET … PX`, and `SADD` of the key into each of its
+  tag sets, whose own expiry outlives every entry they index).
+- Values are JSON (orjson); above `compress_above` bytes they are zlib-compressed. The first
+  byte says which.
+- Invalidations delete the tagged entries and are published on `<prefix>:invalidate`, so that
+  every replica's in-process layer (layered.py) drops its copies too.
+
+Failure is never the request's problem: any Redis error or a command slower than `timeout`
+raises `StoreUnavailable` (the caller bypasses the cache), counts a metric, logs at most one
+warning per `_WARN_EVERY` seconds, and keeps the store out of the way for `retry_seconds`
+so that an outage costs requests nothing. redis-py reconnects on the next command after that;
+the subscriber loop reconnects on its own with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.cache.entry import Entry, StoreUnavailable
+from gateway.cache.keys import backend_tag
+from gateway.observability import metrics
+
+log = logging.getLogger("gateway.cache.redis")
+
+T = TypeVar("T")
+_PLAIN, _ZLIB = b"j", b"z"
+_WARN_EVERY = 30.0
+# Compare-and-delete: only the holder of a lock releases it (a lock that expired and was
+# taken by another replica is left alone).
+_UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+RemoteDrop = Callable[[Sequence[str] | None], None]
+"""Called with the tags another replica (or this one) invalidated; None means everything."""
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+
+
+def encode_value(encoded: bytes, compress_above: int) -> bytes:
+    if len(encoded) > compress_above:
+        return _ZLIB + zlib.compress(encoded, 6)
+    return _PLAIN + encoded
+
+
+def decode_value(raw: bytes) -> tuple[Entry, int]:
+    """The entry and its uncompressed size."""
+    tag, payload = raw[:1], raw[1:]
+    if tag == _ZLIB:
+        payload = zlib.decompress(payload)
+    elif tag != _PLAIN:
+        raise ValueError(f"unknown cache value format {tag!r}")
+    return Entry.decode(payload), len(payload)
+
+
+class RedisStore:
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str,
+        timeout_ms: int,
+        retry_seconds: float,
+        compress_above: int,
+        tag_ttl_ms: int,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.channel = f"{prefix}:invalidate"
+        self.timeout = timeout_ms / 1000
+        self.retry_seconds = retry_seconds
+        self.compress_above = compress_above
+        self.tag_ttl_ms = tag_ttl_ms
+        no_retry = Retry(NoBackoff(), 0)  # a retry would only make the request wait longer
+        self.client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            retry=no_retry,
+        )
+        # The subscriber waits for messages indefinitely: no read timeout, keep-alives on.
+        self._sub_client = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=max(self.timeout, 1.0),
+            socket_keepalive=True,
+            retry=no_retry,
+        )
+        self._unlock = self.client.register_script(_UNLOCK)
+        self._down_until = 0.0
+        self._warned_at = float("-inf")
+        self._listener: asyncio.Task[None] | None = None
+        self.on_remote_drop: RemoteDrop | None = None
+        self.on_resync: Callable[[], None] | None = None
+
+    # -- failure handling -------------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    async def _run(self, operation: str, work: Callable[[], Awaitable[T]], timeout: float | None = None) -> T:
+        if not self.available:
+            raise StoreUnavailable(
+                f"redis at {redacted(self.url)}: waiting {self.retry_seconds:g}s after a failure"
+            )
+        try:
+            async with asyncio.timeout(timeout or self.timeout):
+                return await work()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down_until = time.monotonic() + self.retry_seconds
+            metrics.CACHE_STORE_ERRORS.labels("redis", operation).inc()
+            self._warn(
+                f"redis cache at {redacted(self.url)} failed ({operation}: "
+                f"{type(exc).__name__}: {exc or 'timeout'}); requests bypass the cache"
+            )
+            raise StoreUnavailable(str(exc)) from None
+
+    def _warn(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= _WARN_EVERY:
+            self._warned_at = now
+            log.warning(text)
+
+    # -- entries ----------------------------------------------------------------------------
+
+    def _tag_key(self, tag: str) -> str:
+        return f"{self.prefix}:tag:{tag}"
+
+    async def get_sized(self, keys: Sequence[str]) -> list[tuple[Entry, int] | None]:
+        raw = await self._run("get", lambda: self.client.mget(list(keys)))
+        out: list[tuple[Entry, int] | None] = []
+        for value in raw:
+            if value is None:
+                out.append(None)
+                continue
+            try:
+                out.append(decode_value(value))
+            except (ValueError, KeyError, TypeError, zlib.error):
+                # Written by another version, or damaged: a miss, never an error.
+                out.append(None)
+        return out
+
+    async def get(self, keys: Sequence[str]) -> list[Entry | None]:
+        return [found[0] if found else None for found in await self.get_sized(keys)]
+
+    async def put(self, key: str, entry: Entry, encoded: bytes, tags: Sequence[str], keep_ms: int) -> None:
+        value = encode_value(encoded, self.compress_above)
+
+        async def work() -> Any:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(key, value, px=keep_ms)
+            for tag in tags:
+                tag_key = self._tag_key(tag)
+                pipe.sadd(tag_key, key)
+                pipe.pexpire(tag_key, self.tag_ttl_ms)
+            return await pipe.execute()
+
+        await self._run("put", work)
+
+    async def drop(self, tags: Sequence[str]) -> int:
+        tag_keys = [self._tag_key(t) for t in tags]
+
+        async def work() -> int:
+            pipe = self.client.pipeline(transaction=False)
+            for tag_key in tag_keys:
+                pipe.smembers(tag_key)
+            members: set[bytes] = set()
+            for found in await pipe.execute():
+                members.update(found)
+            pipe = self.client.pipeline(transaction=False)
+            if members:
+                pipe.unlink(*members)
+            pipe.unlink(*tag_keys)
+            pipe.publish(self.channel, orjson.dumps({"tags": list(tags)}))
+            results = await pipe.execute()
+            return int(results[0]) if members else 0
+
+        return await self._run("drop", work)
+
+    async def flush(self, backend: str | None = None) -> int:
+        """The operator path: every entry (of one backend), found by key pattern as well as by
+        tag, so that nothing survives a lost tag set."""
+        pattern = f"{self.prefix}:{backend}:*" if backend else f"{self.prefix}:*"
+
+        async def work() -> int:
+            removed = 0
+            batch: list[bytes] = []
+            async for key in self.client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 1000:
+                    removed += await self.client.unlink(*batch)
+                    batch = []
+            if batch:
+                removed += await self.client.unlink(*batch)
+            if backend:
+                removed += await self.client.unlink(self._tag_key(backend_tag(backend)))
+                payload = {"tags": [backend_tag(backend)]}
+            else:
+                payload = {"all": True}
+            await self.client.publish(self.channel, orjson.dumps(payload))
+            return removed
+
+        # A flush walks the keyspace: it gets more time than a lookup.
+        return await self._run("flush", work, timeout=max(self.timeout, 30.0))
+
+    # -- cross-replica fetch locks ------------------------------------------------------------
+
+    async def lock(self, key: str, ttl_ms: int) -> str | None:
+        token = secrets.token_hex(8)
+        taken = await self._run("lock", lambda: self.client.set(key, token, nx=True, px=ttl_ms))
+        return token if taken else None
+
+    async def unlock(self, key: str, token: str) -> None:
+        await self._run("unlock", lambda: self._unlock(keys=[key], args=[token]))
+
+    async def locked(self, key: str) -> bool:
+        return bool(await self._run("locked", lambda: self.client.exists(key)))
+
+    # -- invalidation subscriber ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._listener = asyncio.create_task(self._listen(), name="cache-invalidations")
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            pubsub = self._sub_client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                async for message in pubsub.listen():
+                    kind = message.get("type")
+                    if kind == "subscribe":
+                        # Invalidations published while we were not listening are lost: whatever
+                        # the local layer holds may be stale, so it starts empty.
+                        delay = 0.1
+                        if self.on_resync is not None:
+                            self.on_resync()
+                    elif kind == "message":
+                        self._received(message.get("data"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
+                metrics.CACHE_STORE_ERRORS.labels("redis", "subscribe").inc()
+                self._warn(
+                    f"redis cache at {redacted(self.url)}: invalidation channel lost "
+                    f"({type(exc).__name__}: {exc}); reconnecting"
+                )
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _received(self, data: Any) -> None:
+        if self.on_remote_drop is None:
+            return
+        try:
+            payload = orjson.loads(data)
+        except (orjson.JSONDecodeError, TypeError):
+            return
+        if isinstance(payload, dict) and payload.get("all"):
+            self.on_remote_drop(None)
+        elif isinstance(payload, dict) and isinstance(payload.get("tags"), list):
+            self.on_remote_drop([t for t in payload["tags"] if isinstance(t, str)])
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+        for client in (self.client, self._sub_client):
+            with contextlib.suppress(Exception):
+                await client.aclose()

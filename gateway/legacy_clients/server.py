@@ -1,0 +1,520 @@
+"""The gateway as a legacy (initialize-era) Streamable HTTP server (digest §h.9, §h.2).
+
+`McpEndpoint` hands this class every request it `claims`: POSTs of legacy clients (an
+`initialize`, or anything carrying `Mcp-Session-Id` or a legacy `MCP-Protocol-Version`), and
+GET/DELETE. Legacy clients therefore never see a modern validation error, and modern requests
+never pay for more than one header lookup here.
+
+What a session adds on top of the modern, stateless core:
+
+- `initialize` → a session (sessions.py) and the fleet's capabilities from the Dispatcher's
+  merged `server/discover`; `ping` and `logging/setLevel` are answered here.
+- Every other request becomes a modern call (translate.py) through the same Dispatcher. An
+  `InputRequiredResult` becomes server-to-client requests on the request's SSE stream; the
+  client's answers come back as POSTed responses and the modern call is retried with
+  `inputResponses` / `requestState`: the mirror of the backend-side MRTR (digest §h.5).
+- `resources/subscribe` and the GET stream are fed by one `subscriptions/listen` per session
+  through the subscription hub.
+- Streams carry event ids and can be resumed with GET + `Last-Event-ID`; a dropped connection
+  does not cancel (L-TR §Sending 6), `notifications/cancelled` does (L-CAN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import orjson
+
+from gateway import asgi
+from gateway.backends.base import internal_call
+from gateway.dispatch import SERVER_INFO, Dispatcher
+from gateway.legacy_clients import translate
+from gateway.legacy_clients.calls import LegacyCallRunner
+from gateway.legacy_clients.notifications import SessionNotifications
+from gateway.legacy_clients.sessions import EventLog, LegacySession, Message, SessionStore, parse_event_id
+from gateway.protocol import headers as h
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import meta, sse
+from gateway.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS
+
+log = logging.getLogger("gateway.legacy_clients")
+
+SESSION_HEADER = "mcp-session-id"
+_SESSION_HEADER_BYTES = SESSION_HEADER.encode()
+_ALLOW = [(b"allow", b"POST")]
+# Methods whose answers may need a stream: progress, logs, and server-to-client requests for
+# input. They are answered as SSE whenever the client accepts it, as the SDK servers do.
+_STREAMED = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
+# Reconnect delay the priming event asks for (L-TR §Sending 6: the client MUST respect it).
+RETRY_MS = 1000
+
+
+class LegacyClients:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        idle_seconds: float = 1800.0,
+        max_sessions: int = 10_000,
+        keepalive_seconds: float = 15.0,
+        input_timeout_seconds: float = 300.0,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.sessions = SessionStore(idle_seconds=idle_seconds, max_sessions=max_sessions)
+        self.keepalive_seconds = keepalive_seconds
+        self.calls = LegacyCallRunner(dispatcher, input_timeout_seconds=input_timeout_seconds)
+        self.notifications = SessionNotifications(dispatcher)
+
+    async def aclose(self) -> None:
+        await self.sessions.aclose()
+
+    # -- the endpoint seam ----------------------------------------------------------------
+
+    def claims(self, body: bytes, headers: dict[str, str]) -> bool:
+        """Is this POST from a legacy client? Decided before modern validation (digest §h.9:
+        `initialize` selects legacy semantics; a session id or a legacy version header means
+        a session is in use)."""
+        version = headers.get(h.PROTOCOL_VERSION)
+        if version is not None:
+            if version in MODERN_VERSIONS:
+                return False  # the modern fast path: one lookup
+            if version in LEGACY_VERSIONS:
+                return True
+        if SESSION_HEADER in headers:
+            return True
+        # No version header (2025-03-26 and every initialize): only `initialize` itself is
+        # unambiguous. Anything else stays modern and gets the modern "missing header" 400.
+        if version is None and b'"initialize"' in body:
+            try:
+                msg = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return False
+            return isinstance(msg, dict) and msg.get("method") == "initialize"
+        return False
+
+    async def handle(
+        self, scope: asgi.Scope, body: bytes, headers: dict[str, str], receive: asgi.Receive, send: asgi.Send
+    ) -> None:
+        """One POST of a legacy client."""
+        try:
+            msg = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            await _send_error(send, rpc.parse_error(str(exc)))
+            return
+        if isinstance(msg, list):
+            # 2025-03-26 allowed batches; 2025-06-18 removed them, and no SDK client sends them.
+            await _send_error(
+                send, rpc.invalid_request("JSON-RPC batches are not supported; send one message per POST")
+            )
+            return
+        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+            await _send_error(send, rpc.invalid_request("the body must be one JSON-RPC 2.0 message"))
+            return
+        version = headers.get(h.PROTOCOL_VERSION)
+        if version is not None and version not in LEGACY_VERSIONS:
+            # L-TR §Protocol Version Header: an unsupported value MUST get 400.
+            await _send_error(
+                send,
+                rpc.unsupported_version(
+                    version, list(LEGACY_VERSIONS) + list(MODERN_VERSIONS), _request_id(msg)
+                ),
+            )
+            return
+        method = msg.get("method")
+        if method == "initialize":
+            await self._initialize(scope, msg, send)
+            return
+        session_id = headers.get(SESSION_HEADER)
+        if session_id is None:
+            # L-TR §Session Management 2: servers that require a session SHOULD answer 400.
+            await _send_error(
+                send,
+                rpc.invalid_request(
+                    "Mcp-Session-Id header is required: send initialize first and echo the session id "
+                    "it returns",
+                    _request_id(msg),
+                ),
+            )
+            return
+        session = self.sessions.get(session_id, _principal_key(scope))
+        if session is None:
+            await _send_session_not_found(send, _request_id(msg))
+            return
+        if version is not None and version != session.protocol_version:
+            await _send_error(
+                send,
+                rpc.invalid_request(
+                    f"MCP-Protocol-Version {version!r} differs from the version negotiated for this session "
+                    f"({session.protocol_version!r})",
+                    _request_id(msg),
+                ),
+            )
+            return
+        if not isinstance(method, str):
+            await self._client_response(session, msg, send)
+        elif "id" not in msg:
+            self._client_notification(session, method, msg.get("params"))
+            await _accepted(send)
+        else:
+            await self._request(session, msg, headers, receive, send)
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        """GET (the standalone stream, or resuming one) and DELETE (end the session)."""
+        headers = asgi.header_dict(scope)
+        session_id = headers.get(SESSION_HEADER)
+        if session_id is None:
+            if headers.get(h.PROTOCOL_VERSION) in LEGACY_VERSIONS:
+                await _send_error(send, rpc.invalid_request("Mcp-Session-Id header is required"))
+            else:
+                await asgi.send_json(
+                    send,
+                    405,
+                    rpc.error_message(
+                        None, rpc.INVALID_REQUEST, f"Method Not Allowed: {scope['method']}; use POST"
+                    ),
+                    _ALLOW,
+                )
+            return
+        session = self.sessions.get(session_id, _principal_key(scope))
+        if session is None:
+            await _send_session_not_found(send, None)
+            return
+        if scope["method"] == "DELETE":
+            await self.sessions.end(session)
+            await _empty(send, 200)
+            return
+        if "text/event-stream" not in headers.get("accept", "") and "*/*" not in headers.get("accept", ""):
+            await asgi.send_json(
+                send,
+                406,
+                rpc.error_message(
+                    None, rpc.INVALID_REQUEST, "Not Acceptable: a GET stream needs Accept: text/event-stream"
+                ),
+            )
+            return
+        last_event_id = headers.get("last-event-id")
+        if last_event_id is not None:
+            await self._resume(session, last_event_id, receive, send)
+            return
+        if self.dispatcher.hub is None:
+            # L-TR §Listening 3: 405 means "no GET stream at this endpoint". Without the hub
+            # nothing could ever arrive on it.
+            await asgi.send_json(
+                send,
+                405,
+                rpc.error_message(
+                    None, rpc.INVALID_REQUEST, "This gateway has no notification stream (no subscription hub)"
+                ),
+                _ALLOW,
+            )
+            return
+        stream = session.notification_stream()
+        if stream.readers:
+            # One GET stream per session: each message goes to exactly one stream (L-TR
+            # §Multiple Connections), so a second one would silently starve.
+            await asgi.send_json(
+                send,
+                409,
+                rpc.error_message(
+                    None, rpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream"
+                ),
+            )
+            return
+        self.notifications.ensure_listener(session)
+        if stream.last_seq == 0:
+            stream.prime(RETRY_MS)
+        await self._write_sse(session, stream, stream.delivered, receive, send)
+
+    # -- initialize ---------------------------------------------------------------------------
+
+    async def _initialize(self, scope: asgi.Scope, msg: Message, send: asgi.Send) -> None:
+        request_id = _request_id(msg)
+        params = msg.get("params")
+        if request_id is None:
+            await _send_error(send, rpc.invalid_request("initialize must be a request with an id"))
+            return
+        if not isinstance(params, dict) or not isinstance(params.get("capabilities", {}), dict):
+            await _send_error(send, rpc.invalid_params('"params.capabilities" must be an object', request_id))
+            return
+        version = translate.negotiate_version(params.get("protocolVersion"))
+        try:
+            reply = await self.dispatcher.dispatch(internal_call("server/discover", request_id=request_id))
+            fleet = (await reply.final()).get("result") or {}
+        except rpc.McpError as exc:
+            await _send_error(send, exc.with_id(request_id))
+            return
+        client_info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else None
+        session = await self.sessions.create(
+            _principal_key(scope), version, params.get("capabilities") or {}, client_info
+        )
+        session.principal = scope.get("auth")
+        session.server_capabilities = translate.legacy_capabilities(
+            fleet.get("capabilities") or {}, notifications=self.dispatcher.hub is not None
+        )
+        result: dict[str, Any] = {
+            "protocolVersion": version,
+            "capabilities": session.server_capabilities,
+            "serverInfo": SERVER_INFO,
+        }
+        if isinstance(fleet.get("instructions"), str):
+            result["instructions"] = fleet["instructions"]
+        log.info("legacy client session started (version %s, %d live)", version, len(self.sessions))
+        await asgi.send_json(
+            send, 200, rpc.result_message(request_id, result), [(_SESSION_HEADER_BYTES, session.id.encode())]
+        )
+
+    # -- messages from the client -------------------------------------------------------------
+
+    async def _client_response(self, session: LegacySession, msg: Message, send: asgi.Send) -> None:
+        """The client's answer to a request the gateway sent it."""
+        future = session.pending.get(msg.get("id")) if isinstance(msg.get("id"), str) else None
+        if future is None or ("result" not in msg and "error" not in msg):
+            await _send_error(
+                send,
+                rpc.invalid_request(
+                    f"no request with id {msg.get('id')!r} is waiting for an answer in this session"
+                ),
+            )
+            return
+        if not future.done():
+            future.set_result(msg)
+        await _accepted(send)
+
+    def _client_notification(self, session: LegacySession, method: str, params: Any) -> None:
+        if method == "notifications/initialized":
+            session.initialized = True
+        elif method == "notifications/cancelled" and isinstance(params, dict):
+            # L-CAN: stop the work; no response is sent for a cancelled request.
+            task = session.in_flight.get(params.get("requestId"))
+            if task is not None:
+                task.cancel()
+        # Anything else (roots/list_changed, progress) has no modern counterpart to feed.
+
+    async def _request(
+        self,
+        session: LegacySession,
+        msg: Message,
+        headers: dict[str, str],
+        receive: asgi.Receive,
+        send: asgi.Send,
+    ) -> None:
+        method, request_id, params = msg["method"], msg["id"], msg.get("params")
+        params = params if isinstance(params, dict) else {}
+        if method == "ping":
+            await _send_result(send, request_id, {})
+        elif method == "logging/setLevel":
+            level = params.get("level")
+            if level not in meta.LOG_LEVELS:
+                await _send_message(
+                    send, rpc.invalid_params(f"unknown log level {level!r}", request_id).to_message()
+                )
+                return
+            session.log_level = level  # becomes each later request's modern logLevel (digest §h.8)
+            await _send_result(send, request_id, {})
+        elif method in ("resources/subscribe", "resources/unsubscribe"):
+            await self._subscription(session, method, request_id, params, send)
+        elif method in translate.FORWARDED:
+            await self._forward(session, msg, headers, receive, send)
+        else:
+            await _send_message(send, rpc.method_not_found(method, request_id).to_message())
+
+    async def _subscription(
+        self, session: LegacySession, method: str, request_id: Any, params: dict[str, Any], send: asgi.Send
+    ) -> None:
+        if not session.server_capabilities.get("resources", {}).get("subscribe"):
+            await _send_message(send, rpc.method_not_found(method, request_id).to_message())
+            return
+        uri = params.get("uri")
+        if not isinstance(uri, str) or not uri:
+            await _send_message(
+                send, rpc.invalid_params('"params.uri" must be a string', request_id).to_message()
+            )
+            return
+        before = set(session.subscriptions)
+        if method == "resources/subscribe":
+            session.subscriptions.add(uri)
+        else:
+            session.subscriptions.discard(uri)
+        if session.subscriptions != before:
+            self.notifications.ensure_listener(session, restart=True)
+        await _send_result(send, request_id, {})
+
+    # -- forwarded requests ---------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        session: LegacySession,
+        msg: Message,
+        headers: dict[str, str],
+        receive: asgi.Receive,
+        send: asgi.Send,
+    ) -> None:
+        accept = headers.get("accept", "")
+        streamed = msg["method"] in _STREAMED and ("text/event-stream" in accept or "*/*" in accept)
+        stream = session.new_stream() if streamed else None
+        if stream is not None:
+            stream.prime(RETRY_MS)
+        work = asyncio.create_task(self._work(session, msg, stream))
+        session.in_flight[msg["id"]] = work
+        if stream is not None:
+            # The work outlives this connection: a dropped stream is resumed, not cancelled.
+            await self._write_sse(session, stream, 0, receive, send)
+            return
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not work.done():
+            work.cancel()  # a JSON answer has nowhere to go once the client is gone
+            return
+        if work.cancelled():
+            await _accepted(send)  # cancelled by notifications/cancelled: no response (L-CAN)
+            return
+        await _send_message(send, work.result())
+
+    async def _work(self, session: LegacySession, msg: Message, stream: EventLog | None) -> Message:
+        legacy_id = msg["id"]
+        try:
+            final = await self.calls.run(session, msg, stream)
+        except rpc.McpError as exc:
+            final = {**exc.to_message(), "id": legacy_id}
+        except asyncio.CancelledError:
+            if stream is not None:
+                stream.finish()
+            raise
+        except Exception:
+            log.exception("legacy client request %s failed", msg.get("method"))
+            final = rpc.error_message(legacy_id, rpc.INTERNAL_ERROR, "Internal error in the gateway")
+        finally:
+            if session.in_flight.get(legacy_id) is asyncio.current_task():
+                del session.in_flight[legacy_id]
+        if stream is not None:
+            stream.append(final)
+            stream.finish()
+        return final
+
+    # -- writing streams ------------------------------------------------------------------------
+
+    async def _resume(
+        self, session: LegacySession, last_event_id: str, receive: asgi.Receive, send: asgi.Send
+    ) -> None:
+        parsed = parse_event_id(last_event_id)
+        stream = session.streams.get(parsed[0]) if parsed else None
+        if stream is None or parsed is None or not stream.can_resume_after(parsed[1]):
+            await _send_error(
+                send,
+                rpc.invalid_request(
+                    f"Last-Event-ID {last_event_id!r} names no stream of this session that can still be "
+                    "resumed"
+                ),
+            )
+            return
+        if stream.readers:
+            await asgi.send_json(
+                send,
+                409,
+                rpc.error_message(None, rpc.INVALID_REQUEST, "Conflict: that stream is already being read"),
+            )
+            return
+        await self._write_sse(session, stream, parsed[1], receive, send)
+
+    async def _write_sse(
+        self, session: LegacySession, stream: EventLog, after: int, receive: asgi.Receive, send: asgi.Send
+    ) -> None:
+        """Relay `stream` from event `after` until it finishes or the client goes away,
+        with keep-alive comments on quiet stretches."""
+        await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS})
+        events = stream.follow(after)
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        upcoming: asyncio.Future[tuple[int, bytes]] | None = None
+        try:
+            while True:
+                if upcoming is None:
+                    upcoming = asyncio.ensure_future(events.__anext__())
+                done, _ = await asyncio.wait(
+                    (upcoming, watcher), timeout=self.keepalive_seconds, return_when=asyncio.FIRST_COMPLETED
+                )
+                if upcoming in done:
+                    try:
+                        seq, payload = upcoming.result()
+                    except StopAsyncIteration:
+                        break
+                    upcoming = None
+                    await send({"type": "http.response.body", "body": payload, "more_body": True})
+                    stream.delivered = max(stream.delivered, seq)
+                    self.sessions.touch(session)
+                elif watcher in done:
+                    return  # the client left; the stream stays resumable
+                else:
+                    await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            for task in (upcoming, watcher):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                        await task
+            await events.aclose()
+            self.sessions.touch(session)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _principal_key(scope: asgi.Scope) -> str:
+    principal = scope.get("auth")
+    return getattr(principal, "key", "") if principal is not None else ""
+
+
+def _request_id(msg: Any) -> rpc.RequestId | None:
+    rid = msg.get("id") if isinstance(msg, dict) else None
+    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+
+
+async def _wait_disconnect(receive: asgi.Receive) -> None:
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            return
+
+
+async def _empty(send: asgi.Send, status: int) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _accepted(send: asgi.Send) -> None:
+    await _empty(send, 202)
+
+
+async def _send_message(send: asgi.Send, message: Message) -> None:
+    """A JSON-RPC answer inside a live session: HTTP 200 whatever it says, as legacy clients
+    expect (a legacy transport reserves 4xx for transport and session failures)."""
+    await asgi.send_bytes(send, 200, orjson.dumps(message))
+
+
+async def _send_result(send: asgi.Send, request_id: Any, result: dict[str, Any]) -> None:
+    await _send_message(send, rpc.result_message(request_id, result))
+
+
+async def _send_error(send: asgi.Send, error: rpc.McpError) -> None:
+    """A transport-level refusal: 400 unless the error says otherwise."""
+    status = error.status if error.status >= 400 else 400
+    await asgi.send_json(send, status, error.to_message())
+
+
+async def _send_session_not_found(send: asgi.Send, request_id: rpc.RequestId | None) -> None:
+    # L-TR §Session Management 3: an ended or unknown session MUST get 404; the client then
+    # starts over with initialize.
+    await asgi.send_json(
+        send,
+        404,
+        rpc.error_message(
+            request_id,
+            rpc.INVALID_REQUEST,
+            "Session not found: it ended or expired; send initialize to start a new one",
+        ),
+    )

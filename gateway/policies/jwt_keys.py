@@ -1,0 +1,155 @@
+"""Where the keys that verify access tokens come from: a fixed key (PEM public key or HMAC
+secret), or an authorization server's JWKS fetched over HTTP.
+
+`JwksKeys` never blocks the event loop (httpx, async; pyjwt's PyJWKClient uses blocking
+urllib) and is built to survive its IdP:
+
+- keys are cached by `kid` for `cache_seconds`;
+- a token naming a `kid` the cache lacks (key rotation) triggers a refetch, but at most one
+  per `min_refresh_seconds`, so a flood of tokens with random kids cannot hammer the IdP;
+- concurrent refetches are coalesced into one request;
+- when a refetch fails (IdP down, garbage answer) the last good set keeps serving, however
+  old: refusing every caller because the IdP blinked would turn its outage into ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import httpx
+import jwt
+import orjson
+
+log = logging.getLogger("gateway.auth.jwks")
+
+# A JWKS document is a few KiB; anything far larger is not one.
+MAX_JWKS_BYTES = 512 * 1024
+
+
+class KeyUnavailable(Exception):
+    """No key can verify this token: unknown kid (after a refresh), or a key that does not fit
+    its algorithm. The token is invalid → 401."""
+
+
+class KeySetUnreachable(Exception):
+    """The key set could not be obtained at all (never fetched, IdP down): the gateway cannot
+    judge the token → 503, not 401 (a client must not be sent to re-authorize for our outage)."""
+
+
+class KeySource(Protocol):
+    async def key_for(self, kid: str | None, alg: str) -> Any: ...
+
+
+class StaticKey:
+    """One configured key: a parsed public key, or the HMAC secret bytes."""
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    async def key_for(self, kid: str | None, alg: str) -> Any:
+        return self.key
+
+
+class JwksKeys:
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache_seconds: float = 300.0,
+        min_refresh_seconds: float = 30.0,
+        timeout_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url
+        self.cache_seconds = cache_seconds
+        self.min_refresh_seconds = min_refresh_seconds
+        self.timeout_seconds = timeout_seconds
+        self.clock = clock
+        self._jwks: dict[str, dict[str, Any]] = {}  # kid ("" when absent) -> JWK
+        self._parsed: dict[tuple[str, str], Any] = {}  # (kid, alg) -> verification key
+        self._fetched_at: float | None = None  # last successful fetch
+        self._attempted_at: float | None = None  # last attempt, successful or not
+        self._lock = asyncio.Lock()
+        self.fetches = 0  # attempts made, for metrics and tests
+
+    async def key_for(self, kid: str | None, alg: str) -> Any:
+        now = self.clock()
+        stale = self._fetched_at is None or now - self._fetched_at >= self.cache_seconds
+        if stale or (kid or "") not in self._jwks:
+            await self._refresh(now)
+        if self._fetched_at is None:
+            raise KeySetUnreachable(f"the key set at {self.url} has not been fetched yet and cannot be reached now")
+        return self._key(kid, alg)
+
+    async def _refresh(self, asked_at: float) -> None:
+        if self._attempted_at is not None and asked_at - self._attempted_at < self.min_refresh_seconds:
+            return  # rate limit: at most one fetch per min_refresh_seconds, whatever the kids
+        async with self._lock:
+            # Someone else fetched while we waited: their answer is as fresh as ours would be.
+            if self._attempted_at is not None and self._attempted_at >= asked_at:
+                return
+            self._attempted_at = self.clock()
+            self.fetches += 1
+            try:
+                keys = await self._fetch()
+            except Exception as exc:  # noqa: BLE001 - any failure means "keep the old set"
+                held = f"keeping the {len(self._jwks)} cached key(s)" if self._fetched_at is not None else "no keys cached"
+                log.warning("JWKS fetch from %s failed (%s); %s", self.url, exc, held)
+                return
+            if keys != self._jwks:
+                self._jwks, self._parsed = keys, {}
+            self._fetched_at = self._attempted_at
+
+    async def _fetch(self) -> dict[str, dict[str, Any]]:
+        # One short-lived client per fetch: fetches are rare (once per cache period, or a
+        # rotation), and the policy then owns no connection to close at shutdown.
+        async with (
+            httpx.AsyncClient(timeout=self.timeout_seconds, follow_redirects=False) as client,
+            client.stream("GET", self.url, headers={"accept": "application/json"}) as response,
+        ):
+            if response.status_code != 200:
+                raise ValueError(f"HTTP {response.status_code}")
+            body = b""
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_JWKS_BYTES:
+                    raise ValueError(f"answer larger than {MAX_JWKS_BYTES} bytes")
+        document = orjson.loads(body)
+        if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
+            raise ValueError("not a JWK Set (no 'keys' list)")  # noqa: TRY004 - one "bad answer" type
+        keys: dict[str, dict[str, Any]] = {}
+        for jwk in document["keys"]:
+            # Signature keys only (RFC 7517 §4.2), and never a symmetric one: a key published
+            # in a JWKS is public, so an 'oct' key there would let anyone mint tokens.
+            if not isinstance(jwk, dict) or jwk.get("kty") in (None, "oct") or jwk.get("use", "sig") != "sig":
+                continue
+            keys[str(jwk.get("kid", ""))] = jwk
+        if not keys:
+            raise ValueError("the JWK Set holds no usable signature key")
+        return keys
+
+    def _key(self, kid: str | None, alg: str) -> Any:
+        if kid is None:
+            # RFC 7515 allows a token without kid; it is unambiguous only with a single key.
+            if len(self._jwks) != 1:
+                raise KeyUnavailable(f"the token names no key (kid) and the key set holds {len(self._jwks)}")
+            kid = next(iter(self._jwks))
+        jwk = self._jwks.get(kid)
+        if jwk is None:
+            raise KeyUnavailable(f"no key with kid {kid!r} in the key set")
+        cached = self._parsed.get((kid, alg))
+        if cached is not None:
+            return cached
+        if jwk.get("alg") not in (None, alg):
+            raise KeyUnavailable(f"key {kid!r} is for {jwk['alg']}, the token says {alg}")
+        try:
+            # PyJWK checks that the key type fits the algorithm (an EC key cannot verify RS256).
+            key = jwt.PyJWK(jwk, algorithm=alg).key
+        except jwt.PyJWTError as exc:
+            raise KeyUnavailable(f"key {kid!r} cannot verify {alg}: {exc}") from None
+        self._parsed[(kid, alg)] = key
+        return key

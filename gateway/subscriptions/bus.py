@@ -1,0 +1,288 @@
+"""The bus between upstream listens and client streams, and the election of who holds each
+upstream listen.
+
+Every upstream event (a backend's ack, a notification, a gap after a reconnect) is published
+on the bus, and every replica's hub receives it: it invalidates its cache and fans the event
+out to its own clients of that stream. Exactly one replica holds each upstream listen: the
+one holding that stream's lease.
+
+- `LocalBus`: one replica, no Redis. Publishing is a direct call; this replica always holds.
+- `RedisBus`: one pub/sub channel for all listen events of the fleet, and per stream a lease
+  (`SET NX PX`, renewed by its holder with a compare-and-set script), the holder's latest
+  upstream ack (so replicas that join later can acknowledge their clients), and a sorted set
+  of the replicas that still want the stream (so a holder whose own clients left keeps the
+  upstream open for the others instead of forcing a handover).
+
+Redis trouble never stops notifications: a replica that cannot reach Redis holds its own
+upstream listens and delivers locally (each replica works alone until Redis is back), and
+when its subscription to the channel is restored it tells its clients they may have missed
+changes (`on_resync`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+
+log = logging.getLogger("gateway.subscriptions.bus")
+
+Event = dict[str, Any]
+Handler = Callable[[Event], Awaitable[None]]
+Resync = Callable[[], Awaitable[None]]
+
+
+class Bus(Protocol):
+    # How often holders renew and followers look for a free lease.
+    tick_seconds: float
+
+    async def start(self, handler: Handler, on_resync: Resync) -> None: ...
+
+    async def publish(self, event: Event) -> None: ...
+
+    async def acquire(self, stream: str) -> bool: ...
+
+    async def renew(self, stream: str, ack: Event | None) -> bool: ...
+
+    async def release(self, stream: str) -> None: ...
+
+    async def read_ack(self, stream: str) -> Event | None: ...
+
+    async def want(self, stream: str) -> None: ...
+
+    async def unwant(self, stream: str) -> None: ...
+
+    async def others_want(self, stream: str) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LocalBus:
+    """A single replica: every stream is held here and events go straight to the hub."""
+
+    def __init__(self, tick_seconds: float = 0.25) -> None:
+        self.tick_seconds = tick_seconds
+        self._handler: Handler | None = None
+
+    async def start(self, handler: Handler, on_resync: Resync) -> None:
+        self._handler = handler
+
+    async def publish(self, event: Event) -> None:
+        assert self._handler is not None, "bus not started"
+        await self._handler(event)
+
+    async def acquire(self, stream: str) -> bool:
+        return True
+
+    async def renew(self, stream: str, ack: Event | None) -> bool:
+        return True
+
+    async def release(self, stream: str) -> None:
+        return None
+
+    async def read_ack(self, stream: str) -> Event | None:
+        return None
+
+    async def want(self, stream: str) -> None:
+        return None
+
+    async def unwant(self, stream: str) -> None:
+        return None
+
+    async def others_want(self, stream: str) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        return None
+
+
+# Take or keep the lease: ours already, or free. Stores the holder's ack beside it.
+_RENEW = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] or not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2]) end
+  return 1
+end
+return 0
+"""
+# Give the lease up only if it is still ours (a late release must not free a successor's).
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
+return 0
+"""
+
+
+class RedisBus:
+    def __init__(self, url: str, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
+                 replica_id: str | None = None) -> None:
+        import redis.asyncio as redis  # imported here: a gateway without Redis never needs it
+
+        self._redis_errors = (redis.RedisError, OSError)
+        self.url = url
+        self.prefix = f"{prefix}:listen"
+        self.channel = f"{self.prefix}:events"
+        self.lease_ms = max(1, int(lease_seconds * 1000))
+        # Renew three times per lease: one lost renewal does not lose the lease.
+        self.tick_seconds = lease_seconds / 3
+        self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_seconds,
+                                            socket_connect_timeout=timeout_seconds)
+        # The subscriber connection idles for as long as nothing changes: no read timeout.
+        self._sub_client = redis.Redis.from_url(url, socket_connect_timeout=timeout_seconds)
+        self._renew = self._client.register_script(_RENEW)
+        self._release = self._client.register_script(_RELEASE)
+        self._handler: Handler | None = None
+        self._on_resync: Resync | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+        self._warned = False
+
+    def _keys(self, stream: str) -> tuple[str, str, str]:
+        base = f"{self.prefix}:{stream}"
+        return f"{base}:holder", f"{base}:ack", f"{base}:want"
+
+    def _trouble(self, what: str, exc: BaseException) -> None:
+        # One warning per outage, not one per stream per tick.
+        if not self._warned:
+            log.warning("redis %s: %s failed (%s); listen streams work per replica until it is back",
+                        self.url, what, exc)
+            self._warned = True
+
+    def _ok(self) -> None:
+        if self._warned:
+            log.info("redis %s reachable again", self.url)
+            self._warned = False
+
+    async def start(self, handler: Handler, on_resync: Resync) -> None:
+        self._handler, self._on_resync = handler, on_resync
+        self._listener = asyncio.create_task(self._listen(), name="listen-bus-subscriber")
+        # Give the subscription a moment so that events published right after start-up are
+        # heard; a Redis that is down does not hold start-up back.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._subscribed.wait(), 2.0)
+
+    async def _listen(self) -> None:
+        assert self._handler is not None and self._on_resync is not None
+        delay = 0.1
+        lost = False
+        while True:
+            pubsub = self._sub_client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                self._subscribed.set()
+                delay = 0.1
+                if lost:
+                    # Events published while we were away are gone (pub/sub keeps nothing).
+                    lost = False
+                    await self._on_resync()
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        event = orjson.loads(message["data"])
+                    except orjson.JSONDecodeError:
+                        log.warning("malformed event on %s dropped", self.channel)
+                        continue
+                    await self._handler(event)
+                raise ConnectionError("subscription ended")
+            except asyncio.CancelledError:
+                raise
+            except self._redis_errors as exc:
+                self._subscribed.clear()
+                lost = True
+                self._trouble("subscribe", exc)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def publish(self, event: Event) -> None:
+        assert self._handler is not None, "bus not started"
+        if self._subscribed.is_set():
+            try:
+                await self._client.publish(self.channel, orjson.dumps(event))
+                self._ok()
+                return
+            except self._redis_errors as exc:
+                self._trouble("publish", exc)
+        # Not connected: this replica's clients still hear it.
+        await self._handler(event)
+
+    async def acquire(self, stream: str) -> bool:
+        holder, _, _ = self._keys(stream)
+        try:
+            taken = await self._client.set(holder, self.replica_id, nx=True, px=self.lease_ms)
+        except self._redis_errors as exc:
+            self._trouble("lease", exc)
+            return True  # nobody can coordinate: hold it here
+        self._ok()
+        return bool(taken)
+
+    async def renew(self, stream: str, ack: Event | None) -> bool:
+        holder, ack_key, _ = self._keys(stream)
+        try:
+            kept = await self._renew(keys=[holder, ack_key],
+                                     args=[self.replica_id, self.lease_ms, orjson.dumps(ack) if ack else b""])
+        except self._redis_errors as exc:
+            self._trouble("lease renewal", exc)
+            return True
+        self._ok()
+        return bool(kept)
+
+    async def release(self, stream: str) -> None:
+        holder, ack_key, _ = self._keys(stream)
+        with contextlib.suppress(*self._redis_errors):
+            await self._release(keys=[holder, ack_key], args=[self.replica_id])
+
+    async def read_ack(self, stream: str) -> Event | None:
+        _, ack_key, _ = self._keys(stream)
+        try:
+            raw = await self._client.get(ack_key)
+        except self._redis_errors as exc:
+            self._trouble("read", exc)
+            return None
+        return orjson.loads(raw) if raw else None
+
+    async def want(self, stream: str) -> None:
+        _, _, want = self._keys(stream)
+        now = time.time()
+        with contextlib.suppress(*self._redis_errors):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(want, {self.replica_id: now + self.lease_ms / 1000})
+                pipe.zremrangebyscore(want, "-inf", now)
+                pipe.pexpire(want, self.lease_ms * 2)
+                await pipe.execute()
+
+    async def unwant(self, stream: str) -> None:
+        _, _, want = self._keys(stream)
+        with contextlib.suppress(*self._redis_errors):
+            await self._client.zrem(want, self.replica_id)
+
+    async def others_want(self, stream: str) -> bool:
+        _, _, want = self._keys(stream)
+        try:
+            members = await self._client.zrangebyscore(want, time.time(), "+inf")
+        except self._redis_errors:
+            return False
+        return any(m.decode() != self.replica_id for m in members)
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+        for client in (self._client, self._sub_client):
+            with contextlib.suppress(Exception):
+                await client.aclose()

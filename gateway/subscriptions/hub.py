@@ -1,0 +1,383 @@
+"""The subscription hub: many client `subscriptions/listen` streams over few upstream ones.
+
+A client's listen is planned against the fleet (which backend can deliver which of the
+requested types, from its advertised capabilities and the URI routes), attached to the shared
+upstream streams that carry them (`upstream.py`), acknowledged with exactly what those
+upstreams acknowledged, and then fed every matching notification, re-tagged with the client's
+own listen id (spec: basic/patterns/subscriptions; digest §d [GW] "Gateway fan-out").
+
+Each client stream has a bounded queue. Fan-out never waits for a client: a client whose queue
+is full is cut off (its stream closes without the graceful result, which tells it to
+re-listen and refetch) so one stalled reader costs the others nothing.
+
+Every notification first invalidates the matching cache entries (digest §e), then reaches
+clients, so a client that refetches on the notification never gets the stale answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gateway.backends.base import Message, Reply
+from gateway.cache import NoCache, ResponseCache
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import meta
+from gateway.subscriptions import metrics
+from gateway.subscriptions.bus import Bus, Event, LocalBus
+from gateway.subscriptions.filters import (
+    ACKNOWLEDGED,
+    INVALIDATES,
+    RESOURCE_UPDATED,
+    SubscriptionFilter,
+    deliverable,
+    parse_request,
+    union,
+)
+from gateway.subscriptions.upstream import StreamKey, Timing, UpstreamListen
+
+if TYPE_CHECKING:
+    from gateway.protocol.request import Call
+    from gateway.routing.table import RouteTable, Target
+    from gateway.settings import SubscriptionSettings
+
+log = logging.getLogger("gateway.subscriptions")
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+_NOTHING = SubscriptionFilter()
+
+
+class ClientListen:
+    """One client's listen stream: the sink the upstreams fan out to, and the async iterator
+    of messages the endpoint relays as SSE (the ack, notifications, maybe the final result)."""
+
+    def __init__(self, hub: SubscriptionHub, listen_id: rpc.RequestId, principal: str, queue_size: int,
+                 owner: asyncio.Task[Any] | None) -> None:
+        self.hub = hub
+        self.listen_id = listen_id
+        self.principal = principal
+        self._max = queue_size
+        self._queue: collections.deque[tuple[str, Message]] = collections.deque()
+        self._wake: asyncio.Future[None] | None = None
+        self._granted: dict[str, SubscriptionFilter] = {}
+        self.streams: list[UpstreamListen] = []
+        self._ack: Message | None = None
+        self._ending: str | None = None  # "graceful" | "abrupt"
+        self._result_sent = False
+        self._detached = False
+        # The request task writing this stream to the client. Cancelling it is how a stream
+        # is cut when its client stopped reading: the endpoint's write may be blocked on a
+        # full socket, which nothing else would wake (the same path as a disconnect).
+        self._owner = owner
+
+    # -- the upstream side (Sink) ---------------------------------------------------------
+
+    def grant(self, stream: UpstreamListen, wants: SubscriptionFilter) -> None:
+        self.streams.append(stream)
+        self._granted[stream.id] = wants
+        stream.attach(self)
+
+    def granted(self, stream_id: str) -> SubscriptionFilter:
+        return self._granted.get(stream_id, _NOTHING)
+
+    def offer(self, stream_id: str, message: Message) -> None:
+        if self._ending is not None or not self.granted(stream_id).admits(message):
+            return
+        if len(self._queue) >= self._max:
+            self._overflow()
+            return
+        self._queue.append((stream_id, message))
+        self._wakeup()
+
+    def _overflow(self) -> None:
+        metrics.OVERFLOWS.inc()
+        log.warning("listen stream %r (principal %s) fell %d notifications behind; closing it so that it "
+                    "re-listens", self.listen_id, self.principal, self._max)
+        self._queue.clear()
+        self.end(graceful=False)
+        if self._owner is not None and not self._owner.done() and self._owner is not asyncio.current_task():
+            self._owner.cancel()
+
+    def _wakeup(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def end(self, *, graceful: bool) -> None:
+        """Stop receiving; the stream yields what is queued, then (graceful) the final
+        result, then ends."""
+        if self._ending is None:
+            self._ending = "graceful" if graceful else "abrupt"
+        self.detach()
+        self._wakeup()
+
+    def detach(self) -> None:
+        if self._detached:
+            return
+        self._detached = True
+        for stream in self.streams:
+            stream.detach(self)
+        self.hub._forget(self)
+
+    # -- the client side (the Reply stream) -----------------------------------------------
+
+    def __aiter__(self) -> ClientListen:
+        return self
+
+    async def __anext__(self) -> Message:
+        if self._ack is not None:
+            ack, self._ack = self._ack, None
+            return ack
+        while True:
+            while self._queue and self._ending != "abrupt":
+                stream_id, message = self._queue.popleft()
+                # Re-checked here: messages queued before the ack narrowed the grant.
+                if self.granted(stream_id).admits(message):
+                    return _tag(message, self.listen_id)
+            if self._ending == "graceful" and not self._result_sent:
+                self._result_sent = True
+                # spec §Graceful Closure: the response to the listen request, then close.
+                return rpc.result_message(self.listen_id, {
+                    "resultType": "complete", "_meta": {meta.SUBSCRIPTION_ID: self.listen_id}})
+            if self._ending is not None:
+                raise StopAsyncIteration
+            self._wake = asyncio.get_running_loop().create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+
+    async def aclose(self) -> None:
+        """The client went away (or the endpoint is done): detach at once."""
+        if self._ending is None:
+            self._ending = "abrupt"
+        self.detach()
+
+
+def _tag(message: Message, listen_id: rpc.RequestId) -> Message:
+    """The notification as this client must see it: `_meta` carries its own listen id
+    (spec §Receiving Notifications)."""
+    params = message.get("params")
+    params = params if isinstance(params, dict) else {}
+    m = params.get("_meta")
+    m = m if isinstance(m, dict) else {}
+    return {"jsonrpc": "2.0", "method": message["method"],
+            "params": {**params, "_meta": {**m, meta.SUBSCRIPTION_ID: listen_id}}}
+
+
+class SubscriptionHub:
+    def __init__(self, settings: SubscriptionSettings, table: RouteTable, *, cache: ResponseCache | None = None,
+                 bus: Bus | None = None) -> None:
+        self.settings = settings
+        self.table = table
+        self.cache: ResponseCache = cache or NoCache()
+        self.bus: Bus = bus or LocalBus()
+        self.timing = Timing(settings.linger_seconds, settings.reconnect_initial_seconds,
+                             settings.reconnect_max_seconds)
+        self._streams: dict[str, UpstreamListen] = {}
+        self._clients: set[ClientListen] = set()
+        self._per_principal: collections.Counter[str] = collections.Counter()
+        self._backends = {t.backend.name: t.backend for t in table.targets}
+        self._closing = False
+        self._started = False
+
+    async def start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.bus.start(self._on_event, self._on_resync)
+
+    # -- a client listens -----------------------------------------------------------------
+
+    async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply:
+        assert call.id is not None
+        requested, asks_tasks = parse_request(call.params, call.id)
+        if asks_tasks and TASKS_EXTENSION not in (call.client_capabilities.get("extensions") or {}):
+            # SEP-2663: taskIds needs the Tasks extension declared.
+            raise rpc.missing_capability({"extensions": {TASKS_EXTENSION: {}}}, call.id)
+        await self.start()
+        principal = getattr(call.principal, "key", None) or "anonymous"
+        self._admit(principal, call.id)
+        client = ClientListen(self, call.id, principal, self.settings.queue_size, asyncio.current_task())
+        self._clients.add(client)
+        self._per_principal[principal] += 1
+        metrics.CLIENT_STREAMS.inc()
+        try:
+            plan = await self._plan(requested, targets, principal)
+            for key, wants in plan:
+                client.grant(self._stream(key), wants)
+            acks = await asyncio.gather(*(s.wait_ack(self.settings.ack_timeout_seconds) for s in client.streams))
+            for stream, acked in zip(client.streams, acks, strict=True):
+                client._granted[stream.id] = client.granted(stream.id) & (acked or _NOTHING)
+            honored = union(client._granted.values())
+        except BaseException:
+            client.end(graceful=False)
+            raise
+        # Streams that grant nothing are left at once (they would only hold the upstream).
+        for stream in client.streams:
+            if client.granted(stream.id).empty:
+                stream.detach(client)
+        client._ack = rpc.notification(ACKNOWLEDGED, {
+            "_meta": {meta.SUBSCRIPTION_ID: call.id}, "notifications": honored.to_wire()})
+        return Reply("gateway", stream=client)
+
+    def _admit(self, principal: str, request_id: rpc.RequestId) -> None:
+        s = self.settings
+        if self._closing:
+            metrics.REJECTED.labels("shutdown").inc()
+            raise rpc.McpError(rpc.GATEWAY_OVERLOADED, "The gateway is shutting down; re-send subscriptions/listen",
+                               status=503, data={"reason": "shutdown"}, request_id=request_id)
+        if len(self._clients) >= s.max_listens:
+            metrics.REJECTED.labels("total").inc()
+            raise rpc.McpError(
+                rpc.GATEWAY_OVERLOADED,
+                f"Too many listen streams: this gateway replica holds its limit of {s.max_listens} "
+                "(subscriptions.max_listens)", status=503, data={"limit": "subscriptions.max_listens",
+                                                                 "max": s.max_listens}, request_id=request_id)
+        if self._per_principal[principal] >= s.max_listens_per_principal:
+            metrics.REJECTED.labels("per_principal").inc()
+            raise rpc.McpError(
+                rpc.GATEWAY_OVERLOADED,
+                f"Too many listen streams for this caller: {s.max_listens_per_principal} are open "
+                "(subscriptions.max_listens_per_principal); close one first", status=429,
+                data={"limit": "subscriptions.max_listens_per_principal", "max": s.max_listens_per_principal},
+                request_id=request_id)
+
+    async def _plan(self, requested: SubscriptionFilter, targets: tuple[Target, ...], principal: str
+                    ) -> list[tuple[StreamKey, SubscriptionFilter]]:
+        """Which upstream streams carry which part of the request. Per backend: one stream
+        with every list-changed flag the backend can deliver (shared by all list listeners,
+        and it keeps the cache honest for all list types), and one per distinct set of URIs."""
+        capabilities = await asyncio.gather(*(self._capabilities(t) for t in targets))
+        can = {t.backend.name: deliverable(c) for t, c in zip(targets, capabilities, strict=True)}
+        uris_for: dict[str, set[str]] = collections.defaultdict(set)
+        for uri in requested.uris:
+            owner = self.table.resolve_uri(uri)
+            candidates = (owner,) if owner is not None else targets
+            for target in candidates:
+                if can[target.backend.name][1]:
+                    uris_for[target.backend.name].add(uri)
+        plan: list[tuple[StreamKey, SubscriptionFilter]] = []
+        for target in targets:
+            name = target.backend.name
+            flags, _ = can[name]
+            scope = principal if name in self.settings.principal_scoped_backends else None
+            wanted_flags = requested.lists & flags
+            if wanted_flags:
+                plan.append((StreamKey(name, SubscriptionFilter(lists=flags), scope),
+                             SubscriptionFilter(lists=wanted_flags)))
+            if uris_for.get(name):
+                uris = frozenset(uris_for[name])
+                plan.append((StreamKey(name, SubscriptionFilter(uris=uris), scope), SubscriptionFilter(uris=uris)))
+        return plan
+
+    async def _capabilities(self, target: Target) -> dict[str, Any] | None:
+        backend = target.backend
+        if backend.capabilities is not None:
+            return backend.capabilities
+        try:
+            await asyncio.wait_for(backend.discover(), self.settings.ack_timeout_seconds)
+        except (rpc.McpError, TimeoutError) as exc:
+            log.info("listen: backend %s capabilities unknown (%s); its notifications are not offered",
+                     backend.name, getattr(exc, "message", None) or "discovery timed out")
+        return backend.capabilities
+
+    def _stream(self, key: StreamKey) -> UpstreamListen:
+        stream_id = key.stream_id()
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            stream = UpstreamListen(key, self._backends[key.backend], self.bus, self.timing, self._retire)
+            self._streams[stream_id] = stream
+            stream.start()
+        return stream
+
+    def _retire(self, stream: UpstreamListen) -> bool:
+        if stream.sinks:
+            return False
+        if self._streams.get(stream.id) is stream:
+            del self._streams[stream.id]
+        return True
+
+    def _forget(self, client: ClientListen) -> None:
+        if client in self._clients:
+            self._clients.discard(client)
+            self._per_principal[client.principal] -= 1
+            if self._per_principal[client.principal] <= 0:
+                del self._per_principal[client.principal]
+            metrics.CLIENT_STREAMS.dec()
+
+    # -- events from the bus --------------------------------------------------------------
+
+    async def _on_event(self, event: Event) -> None:
+        kind, backend = event.get("t"), event.get("b")
+        stream = self._streams.get(event.get("k", ""))
+        if not isinstance(backend, str) or backend not in self._backends:
+            return  # another fleet's event (a replica with a different config)
+        if kind == "ack":
+            if stream is not None:
+                stream.on_ack(SubscriptionFilter.from_wire(event.get("f")))
+        elif kind == "event":
+            message = event.get("m")
+            if not isinstance(message, dict):
+                return
+            metrics.NOTIFICATIONS.labels(backend).inc()
+            await self._invalidate(backend, message)
+            if stream is not None:
+                stream.fan_out(message)
+        elif kind == "gap":
+            uris = event.get("u")
+            await self._invalidate_backend(backend, uris if isinstance(uris, list) else [])
+            if stream is not None:
+                stream.fan_out_gap()
+
+    async def _invalidate(self, backend: str, message: Message) -> None:
+        method = message.get("method")
+        try:
+            if method in INVALIDATES:
+                await self.cache.invalidate_lists(backend, INVALIDATES[method])
+            elif method == RESOURCE_UPDATED:
+                uri = (message.get("params") or {}).get("uri")
+                if isinstance(uri, str):
+                    await self.cache.invalidate_resource(backend, uri)
+        except Exception:  # a cache fault must not stop delivery
+            log.exception("cache invalidation for %s from backend %s failed", method, backend)
+
+    async def _invalidate_backend(self, backend: str, uris: list[Any]) -> None:
+        """After a gap anything may have changed: every list, and the watched resources."""
+        try:
+            await self.cache.invalidate_lists(backend, None)
+            for uri in uris:
+                if isinstance(uri, str):
+                    await self.cache.invalidate_resource(backend, uri)
+        except Exception:
+            log.exception("cache invalidation after a listen gap on backend %s failed", backend)
+
+    async def _on_resync(self) -> None:
+        """The bus was unreachable for a while: events may have been lost for every stream."""
+        for stream in tuple(self._streams.values()):
+            await self._invalidate_backend(stream.key.backend, sorted(stream.key.filter.uris))
+            stream.fan_out_gap()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    @property
+    def upstreams(self) -> dict[str, UpstreamListen]:
+        return dict(self._streams)
+
+    async def begin_shutdown(self) -> None:
+        """Every client gets the graceful-closure result; no new listens are accepted."""
+        self._closing = True
+        for client in tuple(self._clients):
+            client.end(graceful=True)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for client in tuple(self._clients):
+            client.end(graceful=False)
+        await asyncio.gather(*(s.aclose() for s in tuple(self._streams.values())), return_exceptions=True)
+        self._streams.clear()
+        await self.bus.aclose()

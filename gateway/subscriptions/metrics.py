@@ -1,0 +1,36 @@
+"""Prometheus metrics of the subscription hub (labels bounded: backends come from config)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+CLIENT_STREAMS = Gauge("mcp_gateway_listen_client_streams", "Client subscriptions/listen streams open on this replica.")
+UPSTREAMS = Gauge(
+    "mcp_gateway_listen_upstreams",
+    "Upstream subscriptions/listen streams this replica holds, by backend.",
+    ["backend"],
+)
+NOTIFICATIONS = Counter(
+    "mcp_gateway_listen_notifications_total",
+    "Upstream notifications received by this replica's hub (from its own upstreams or the bus), by backend.",
+    ["backend"],
+)
+GAPS = Counter(
+    "mcp_gateway_listen_gaps_total",
+    "Upstream listen streams re-established after a drop or handover (clients told to refetch).",
+    ["backend"],
+)
+RECONNECTS = Counter(
+    "mcp_gateway_listen_upstream_reconnects_total",
+    "Upstream listen connection attempts after the first, by backend.",
+    ["backend"],
+)
+OVERFLOWS = Counter(
+    "mcp_gateway_listen_overflows_total",
+    "Client listen streams closed because the client did not keep up (its queue was full).",
+)
+REJECTED = Counter(
+    "mcp_gateway_listen_rejected_total",
+    "subscriptions/listen requests refused by a limit (per_principal, total) or during shutdown.",
+    ["reason"],
+)

@@ -1,0 +1,143 @@
+"""The hub when things go wrong: a backend whose stream drops (reconnect, then tell clients
+and the cache they may have missed changes) and a client that stops reading (cut off, the
+others unaffected)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import orjson
+from prometheus_client import REGISTRY
+
+from tests.support import mcp_http
+from tests.support.gateway import running_gateway
+from tests.support.listen import ListenReader, eventually
+from tests.support.procs import python_server
+
+SUB = "io.modelcontextprotocol/subscriptionId"
+# A long URI makes each notification ~2 KB, so the stalled client's socket buffers fill
+# after a few hundred notifications rather than many thousands.
+HOT = "mutable://hot/" + "x" * 2000
+
+
+async def test_backend_restart_is_a_gap_clients_and_cache_hear_about():
+    backend = python_server("mutable_modern.py", name="mutable-restarting").start()
+    try:
+        config = {"backends": [{"name": "m", "url": backend.url}],
+                  "cache": {"store": "memory", "default_ttl_ms": 60000},
+                  "subscriptions": {"reconnect_initial_seconds": 0.05, "reconnect_max_seconds": 0.5}}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            reader = await ListenReader(http, gw.url, {"toolsListChanged": True,
+                                                       "resourceSubscriptions": ["mutable://config"]}, id="g").open()
+            await mcp_http.post(http, gw.url, "tools/list")
+            assert (await mcp_http.post(http, gw.url, "tools/list")).headers["x-cache"] == "hit"
+
+            # The backend dies (its streams drop) and comes back on the same port; nothing
+            # changes on purpose: only the gap is reported.
+            backend.kill()
+            backend.start()
+            await reader.wait_count(3)
+            assert sorted((n["method"], n["params"].get("uri"), n["params"]["_meta"][SUB])
+                          for n in reader.notifications) == [
+                ("notifications/resources/updated", "mutable://config", "g"),
+                ("notifications/tools/list_changed", None, "g"),
+            ]
+            assert (await mcp_http.post(http, gw.url, "tools/list")).headers["x-cache"] != "hit"
+            # The reconnected upstream delivers again.
+            await http.post(f"http://127.0.0.1:{backend.port}/change/tools")
+            await reader.wait_count(4)
+            assert reader.messages[3]["method"] == "notifications/tools/list_changed"
+            await reader.close()
+    finally:
+        backend.stop()
+
+
+def _overflows() -> float:
+    return REGISTRY.get_sample_value("mcp_gateway_listen_overflows_total") or 0.0
+
+
+async def test_a_stalled_client_is_cut_off_and_never_delays_the_others():
+    backend = python_server("mutable_modern.py", name="mutable-stall").start()
+    stalled = socket.socket()
+    try:
+        config = {"backends": [{"name": "m", "url": backend.url}], "subscriptions": {"queue_size": 64}}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            healthy = await ListenReader(http, gw.url, {"resourceSubscriptions": [HOT]}, id="ok").open()
+            # A client that sends its listen and then never reads a byte (tiny receive window).
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", gw.port))
+            body = orjson.dumps(mcp_http.body("subscriptions/listen",
+                                              {"notifications": {"resourceSubscriptions": [HOT]}},
+                                              id="stalled"))
+            head = "".join(f"{k}: {v}\r\n" for k, v in mcp_http.headers("subscriptions/listen").items())
+            stalled.sendall(f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{gw.port}\r\n{head}"
+                            f"content-length: {len(body)}\r\n\r\n".encode() + body)
+            await eventually(lambda: gw.runtime.hub.client_count == 2)
+
+            before = _overflows()
+            sent = 0
+            # Publish in rounds; each round is fully delivered to the healthy reader while the
+            # stalled one falls behind, until the stalled one is cut off.
+            # Rounds smaller than the queue: the healthy reader is never that far behind.
+            for _ in range(1000):
+                await http.post(f"http://127.0.0.1:{backend.port}/touch",
+                                params={"uri": HOT, "times": 50})
+                sent += 50
+                await healthy.wait_count(1 + sent)
+                if _overflows() > before:
+                    break
+            assert _overflows() == before + 1
+            await eventually(lambda: gw.runtime.hub.client_count == 1)
+            assert len(healthy.notifications) == sent and not healthy.ended
+            assert {n["params"]["_meta"][SUB] for n in healthy.notifications} == {"ok"}
+            await healthy.close()
+    finally:
+        stalled.close()
+        backend.stop()
+
+
+async def test_listen_request_cancelled_while_waiting_for_the_upstream_ack_leaves_nothing_behind():
+    """A backend that accepts the connection but never answers: the client gives up
+    before the ack; the hub must not keep it counted."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    port = silent.getsockname()[1]
+    try:
+        # Capabilities are needed before a listen is planned: give the gateway a backend
+        # that never answers, so planning itself waits (on discovery) and the client leaves.
+        config = {"backends": [{"name": "mute", "url": f"http://127.0.0.1:{port}/mcp", "timeout_seconds": 30}],
+                  "subscriptions": {"ack_timeout_seconds": 30}}
+        async with running_gateway(config, discover=False) as gw, httpx.AsyncClient(timeout=30) as http:
+            reader = ListenReader(http, gw.url, {"toolsListChanged": True})
+            await reader.open(wait_ack=False)
+            await eventually(lambda: gw.runtime.hub.client_count == 1)
+            await reader.close()
+            await eventually(lambda: gw.runtime.hub.client_count == 0)
+    finally:
+        silent.close()
+        await asyncio.sleep(0)
+
+
+async def test_a_backend_down_at_listen_time_is_left_out_of_the_ack_without_waiting():
+    alive = python_server("mutable_modern.py", name="mutable-alive").start()
+    dead = python_server("mutable_modern.py", name="mutable-dead").start()
+    try:
+        config = {"backends": [{"name": "alive", "url": alive.url}, {"name": "dead", "url": dead.url}],
+                  # Far longer than the reader waits: only failing fast can pass.
+                  "subscriptions": {"ack_timeout_seconds": 600}}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            dead.kill()  # capabilities are known (discovered), the listen connection is refused
+            reader = await ListenReader(http, gw.url, {"resourceSubscriptions": ["mutable://config"]}).open(
+                timeout=30)
+            # The URI is asked of both backends; only the live one acknowledged it.
+            assert reader.ack["params"]["notifications"] == {"resourceSubscriptions": ["mutable://config"]}
+            await http.post(f"http://127.0.0.1:{alive.port}/touch", params={"uri": "mutable://config"})
+            await reader.wait_count(2)
+            assert reader.messages[1]["params"]["uri"] == "mutable://config"
+            await reader.close()
+    finally:
+        alive.stop()
+        dead.stop()

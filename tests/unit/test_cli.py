@@ -1,0 +1,74 @@
+"""`mcp-gateway check-config | routes | serve` as a user runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY_")}
+    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", ["single-backend.yaml", "fleet.yaml", "sidecar.yaml"])
+def test_check_config_accepts_the_examples(name):
+    result = run("check-config", f"config/{name}")
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+def test_check_config_prints_every_bad_field_with_its_path(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "server:\n  port: 70000\n  path: mcp\n"
+        "backends:\n"
+        "  - name: Bad Name\n    url: http://127.0.0.1:9001/mcp\n"
+        "  - name: files\n    url: ftp://files.example\n"
+        "  - name: both\n"
+        "cache:\n  store: disk\n"
+    )
+    result = run("check-config", str(config))
+    assert result.returncode != 0
+    assert result.stdout == ""
+    for path in ("server.port", "server.path", "backends.0.name", "backends.1.url", "backends.2", "cache.store"):
+        assert f"  {path}: " in result.stderr, f"{path} missing from:\n{result.stderr}"
+    assert "ftp://files.example" in result.stderr  # the message says what was wrong
+
+
+def test_check_config_on_a_missing_file(tmp_path):
+    result = run("check-config", str(tmp_path / "nope.yaml"))
+    assert result.returncode != 0
+    assert "nope.yaml" in result.stderr
+
+
+def test_check_config_on_broken_yaml(tmp_path):
+    config = tmp_path / "broken.yaml"
+    config.write_text("backends: [\n")
+    result = run("check-config", str(config))
+    assert result.returncode != 0
+    assert "not valid YAML" in result.stderr
+
+
+def test_serve_refuses_a_bad_config_before_listening(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("server:\n  port: -1\n")
+    result = run("serve", "--config", str(config))
+    assert result.returncode == 2
+    assert "server.port" in result.stderr
+
+
+def test_routes_lists_backends_and_prefixes():
+    result = run("routes", "--config", "config/fleet.yaml")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("weather") and "'weather__'" in line for line in lines)
+    assert any(line.startswith("files") and "'fs.'" in line for line in lines)
+    assert any("resources under 'weather://'" in line for line in lines)

@@ -1,0 +1,116 @@
+"""Legacy client sessions: ids, principal binding, expiry, bounds, resumable event logs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.legacy_clients.sessions import EventLog, SessionStore, parse_event_id
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_ids_are_secure_visible_ascii_and_unique():
+    store = SessionStore(idle_seconds=60, max_sessions=100)
+    ids = {(await store.create("p", "2025-11-25", {}, None)).id for _ in range(50)}
+    assert len(ids) == 50
+    for session_id in ids:
+        assert len(session_id) >= 40  # 32 random bytes, url-safe base64
+        assert all(0x21 <= ord(c) <= 0x7E for c in session_id)
+
+
+async def test_a_session_is_found_only_by_its_principal():
+    store = SessionStore(idle_seconds=60, max_sessions=10)
+    session = await store.create("issuer|alice", "2025-11-25", {}, None)
+    assert store.get(session.id, "issuer|alice") is session
+    assert store.get(session.id, "issuer|mallory") is None
+    assert store.get("guessed", "issuer|alice") is None
+
+
+async def test_idle_sessions_expire_but_active_ones_do_not():
+    clock = Clock()
+    store = SessionStore(idle_seconds=60, max_sessions=10, clock=clock)
+    idle = await store.create("p", "2025-11-25", {}, None)
+    busy = await store.create("p", "2025-11-25", {}, None)
+    parked = asyncio.get_running_loop().create_future()
+    busy.pending["gw-1"] = parked  # waiting for the client's answer counts as activity
+    clock.now += 61
+    assert store.get(idle.id, "p") is None
+    assert store.get(busy.id, "p") is busy
+    await store.sweep()
+    assert len(store) == 1
+    assert idle.closed
+
+
+async def test_the_store_is_bounded_and_evicts_the_least_recently_used():
+    clock = Clock()
+    store = SessionStore(idle_seconds=600, max_sessions=2, clock=clock)
+    first = await store.create("p", "2025-11-25", {}, None)
+    second = await store.create("p", "2025-11-25", {}, None)
+    assert store.get(first.id, "p") is first  # first is now the most recently used
+    third = await store.create("p", "2025-11-25", {}, None)
+    assert len(store) == 2
+    assert second.closed and store.get(second.id, "p") is None
+    assert store.get(first.id, "p") is first and store.get(third.id, "p") is third
+
+
+async def test_ending_a_session_cancels_its_work_and_ends_its_streams():
+    store = SessionStore(idle_seconds=60, max_sessions=10)
+    session = await store.create("p", "2025-11-25", {}, None)
+    work = asyncio.create_task(asyncio.sleep(3600))
+    session.in_flight[1] = work
+    parked = asyncio.get_running_loop().create_future()
+    session.pending["gw-1"] = parked
+    stream = session.new_stream()
+    await store.end(session)
+    assert work.cancelled() and parked.cancelled() and stream.done
+    assert store.get(session.id, "p") is None
+
+
+async def test_event_log_replays_after_any_retained_event_and_follows_live():
+    log = EventLog("s-1")
+    log.prime(1000)
+    log.append({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}})
+    seen: list[int] = []
+
+    async def read(after: int) -> None:
+        async for seq, payload in log.follow(after):
+            assert payload.startswith(f"id: s-1:{seq}\n".encode())
+            seen.append(seq)
+
+    reader = asyncio.create_task(read(1))
+    await asyncio.sleep(0)
+    log.append({"jsonrpc": "2.0", "id": 1, "result": {}})
+    log.finish()
+    await reader
+    assert seen == [2, 3]
+
+
+async def test_event_log_knows_what_it_can_resume():
+    log = EventLog("s-1", capacity=3)
+    for n in range(5):
+        log.append({"n": n})
+    assert log.can_resume_after(5) and log.can_resume_after(2)
+    assert not log.can_resume_after(1)  # event 2 fell out of the buffer
+    assert not log.can_resume_after(6)
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ("s-3:12", ("s-3", 12)),
+        ("g-1:0", ("g-1", 0)),
+        ("nocolon", None),
+        (":5", None),
+        ("s-1:x", None),
+    ],
+)
+def test_parse_event_id(value, parsed):
+    assert parse_event_id(value) == parsed

@@ -1,0 +1,323 @@
+"""The JwtAuth policy driven in process with real keys and real signed tokens: every refusal
+(status, WWW-Authenticate shape, JSON-RPC body), every acceptance (the Principal it sets),
+scopes per method and their hierarchy, open paths, and NoAuth's principals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+
+from gateway.policies.auth import ANONYMOUS, NoAuth, Principal, credential_principal
+from gateway.policies.jwt_auth import JwtAuth, www_authenticate
+from gateway.settings import load_settings
+from tests.support.oauth import AUDIENCE, ISSUER, Issuer, ec_key, rsa_key, unsigned_token
+
+PRM = "https://mcp.test/.well-known/oauth-protected-resource/mcp"
+MODERN = {"mcp-protocol-version": "2026-07-28"}
+
+
+class Downstream:
+    """The next app: records the principal it was handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.seen.append(scope.get("auth"))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"reached"})
+
+
+def auth_settings(issuer: Issuer, **extra: Any) -> Any:
+    auth = {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "public_key": issuer.keys[0].public_pem(),
+            "authorization_servers": [ISSUER], **extra}
+    return load_settings(None, auth=auth).auth
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Issuer:
+    return Issuer()
+
+
+def client_for(policy: JwtAuth) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=policy), base_url="http://testserver")
+
+
+async def request(policy: JwtAuth, token: str | None = None, *, path: str = "/mcp", method: str | None = None,
+                  headers: dict[str, str] | None = None, params: dict[str, str] | None = None) -> httpx.Response:
+    h = dict(MODERN)
+    if method is not None:
+        h["mcp-method"] = method
+    if token is not None:
+        h["authorization"] = f"Bearer {token}"
+    h.update(headers or {})
+    async with client_for(policy) as client:
+        return await client.post(path, headers=h, params=params, content=b"{}")
+
+
+def challenge(response: httpx.Response) -> str:
+    return response.headers["www-authenticate"]
+
+
+def assert_idless_error(response: httpx.Response, text: str) -> None:
+    body = response.json()
+    assert body["jsonrpc"] == "2.0" and "id" not in body
+    assert text in body["error"]["message"]
+
+
+# -- 401: no usable credentials ---------------------------------------------------------------
+
+
+async def test_no_token_is_401_with_metadata_and_no_error_code(issuer):
+    downstream = Downstream()
+    response = await request(JwtAuth(downstream, auth=auth_settings(issuer)))
+    assert response.status_code == 401
+    # RFC 6750 §3.1: a request without credentials gets no error code, just the challenge.
+    assert challenge(response) == f'Bearer resource_metadata="{PRM}"'
+    assert_idless_error(response, "Unauthorized")
+    assert downstream.seen == []
+
+
+async def test_challenge_names_required_and_method_scopes(issuer):
+    auth = auth_settings(issuer, required_scopes=["mcp:read"], method_scopes={"tools/call": ["mcp:tools"]})
+    listing = await request(JwtAuth(Downstream(), auth=auth), method="tools/list")
+    calling = await request(JwtAuth(Downstream(), auth=auth), method="tools/call")
+    assert challenge(listing) == f'Bearer scope="mcp:read", resource_metadata="{PRM}"'
+    assert challenge(calling) == f'Bearer scope="mcp:read mcp:tools", resource_metadata="{PRM}"'
+
+
+async def test_other_scheme_is_a_plain_challenge(issuer):
+    response = await request(JwtAuth(Downstream(), auth=auth_settings(issuer)),
+                             headers={"authorization": "Basic YWxpY2U6c2VjcmV0"})
+    assert response.status_code == 401
+    assert "error=" not in challenge(response)
+
+
+@pytest.mark.parametrize("case", ["expired", "audience", "issuer", "signature", "alg_none", "no_sub", "garbage",
+                                  "hmac_with_public_key", "not_yet_valid"])
+async def test_invalid_tokens_are_401_invalid_token(issuer, case):
+    pem = issuer.keys[0].public_pem().encode()
+    make = {
+        "expired": lambda: issuer.token(lifetime=-120),
+        "audience": lambda: issuer.token(aud="https://other.test/mcp"),
+        "issuer": lambda: issuer.token(iss="https://evil.test"),
+        "signature": lambda: Issuer(keys=[rsa_key(issuer.keys[0].kid)]).token(),
+        "alg_none": lambda: unsigned_token({"iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "exp": 2**31}, issuer.keys[0].kid),
+        "no_sub": lambda: issuer.token(sub=None),
+        "garbage": lambda: "not.a.jwt",
+        # The algorithm-confusion attack: HS256 keyed with the public key's PEM bytes.
+        "hmac_with_public_key": lambda: _hs256(pem, {"iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "exp": 2**31}),
+        "not_yet_valid": lambda: issuer.token(nbf=2**31 - 10),
+    }
+    expected = {"expired": "expired", "audience": "audience", "issuer": "issuer", "signature": "signature",
+                "alg_none": "'none' is not accepted", "no_sub": "'sub'", "garbage": "not a JWT",
+                "hmac_with_public_key": "'HS256' is not accepted", "not_yet_valid": "not valid yet"}
+    downstream = Downstream()
+    response = await request(JwtAuth(downstream, auth=auth_settings(issuer)), make[case]())
+    assert response.status_code == 401, response.text
+    header = challenge(response)
+    assert header.startswith('Bearer error="invalid_token", ')
+    assert f'resource_metadata="{PRM}"' in header
+    assert expected[case] in header  # error_description says what failed
+    assert_idless_error(response, expected[case])
+    assert downstream.seen == []
+
+
+def _hs256(secret: bytes, payload: dict[str, Any]) -> str:
+    # pyjwt refuses to HMAC with a PEM key, so the attacker's token is assembled by hand.
+    import base64
+    import hashlib
+    import hmac
+
+    import orjson
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    signing_input = f"{b64(orjson.dumps({'alg': 'HS256', 'typ': 'JWT'}))}.{b64(orjson.dumps(payload))}"
+    signature = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{b64(signature)}"
+
+
+async def test_leeway_accepts_a_token_just_past_expiry(issuer):
+    token = issuer.token(lifetime=-5)
+    assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer, leeway_seconds=30)), token)).status_code == 200
+    assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer, leeway_seconds=0)), token)).status_code == 401
+
+
+async def test_audience_list_containing_the_gateway_is_accepted(issuer):
+    token = issuer.token(aud=["https://other.test", AUDIENCE])
+    assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer)), token)).status_code == 200
+
+
+# -- 400: malformed --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["Bearer", "Bearer ", "Bearer a b", "Bearer a,b"])
+async def test_malformed_authorization_is_400(issuer, value):
+    response = await request(JwtAuth(Downstream(), auth=auth_settings(issuer)), headers={"authorization": value})
+    assert response.status_code == 400
+    assert challenge(response).startswith('Bearer error="invalid_request"')
+    assert_idless_error(response, "Bad Request")
+
+
+async def test_two_authorization_headers_are_400(issuer):
+    token = issuer.token()
+    policy = JwtAuth(Downstream(), auth=auth_settings(issuer))
+    async with client_for(policy) as client:
+        response = await client.post("/mcp", content=b"{}", headers=[
+            ("authorization", f"Bearer {token}"), ("authorization", f"Bearer {token}")])
+    assert response.status_code == 400
+    assert "more than one" in challenge(response)
+
+
+async def test_token_in_query_string_is_refused_even_beside_a_good_header(issuer):
+    token = issuer.token()
+    downstream = Downstream()
+    response = await request(JwtAuth(downstream, auth=auth_settings(issuer)), token, params={"access_token": token})
+    assert response.status_code == 400
+    assert "query string" in challenge(response)
+    assert downstream.seen == []
+
+
+# -- accepted -------------------------------------------------------------------------------
+
+
+async def test_valid_token_sets_the_principal(issuer):
+    downstream = Downstream()
+    response = await request(JwtAuth(downstream, auth=auth_settings(issuer)), issuer.token("alice", scope="a b"))
+    assert response.status_code == 200 and response.text == "reached"
+    assert downstream.seen == [Principal("alice", ISSUER, True, frozenset({"a", "b"}))]
+
+
+async def test_ec_key_and_scp_list_claim(issuer):
+    ec = Issuer(keys=[ec_key()])
+    downstream = Downstream()
+    auth = auth_settings(ec, required_scopes=["files:read"])
+    response = await request(JwtAuth(downstream, auth=auth), ec.token("bob", scp=["files:read", "x"]))
+    assert response.status_code == 200
+    assert downstream.seen[0].scopes == {"files:read", "x"}
+
+
+async def test_hs256_secret_mode():
+    secret = "s" * 32
+    auth = load_settings(None, auth={"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "hs256_secret": secret,
+                                     "authorization_servers": [ISSUER]}).auth
+    good = jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "sub": "svc", "exp": 2**31}, secret, algorithm="HS256")
+    forged = jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "sub": "svc", "exp": 2**31}, "t" * 32, algorithm="HS256")
+    downstream = Downstream()
+    assert (await request(JwtAuth(downstream, auth=auth), good)).status_code == 200
+    assert (await request(JwtAuth(downstream, auth=auth), forged)).status_code == 401
+    assert [p.subject for p in downstream.seen] == ["svc"]
+
+
+# -- 403: scopes ----------------------------------------------------------------------------
+
+
+async def test_insufficient_scope_is_403_naming_every_required_scope(issuer):
+    auth = auth_settings(issuer, required_scopes=["mcp:read"], method_scopes={"tools/call": ["mcp:tools"]})
+    downstream = Downstream()
+    response = await request(JwtAuth(downstream, auth=auth), issuer.token(scope="mcp:read"), method="tools/call")
+    assert response.status_code == 403
+    # One challenge with all the operation needs, not just what is missing (spec: §Runtime
+    # Insufficient Scope Errors).
+    assert challenge(response) == (
+        f'Bearer error="insufficient_scope", scope="mcp:read mcp:tools", resource_metadata="{PRM}", '
+        f'error_description="the token lacks scope mcp:tools"')
+    assert_idless_error(response, "Forbidden")
+    assert downstream.seen == []
+    # The same token is enough for a method that needs only the global scope.
+    assert (await request(JwtAuth(downstream, auth=auth), issuer.token(scope="mcp:read"),
+                          method="tools/list")).status_code == 200
+
+
+async def test_broader_scope_implies_narrower(issuer):
+    auth = auth_settings(issuer, method_scopes={"tools/call": ["mcp:tools"]},
+                         scope_implies={"mcp:admin": ["mcp:write"], "mcp:write": ["mcp:tools"]})
+    downstream = Downstream()
+    response = await request(JwtAuth(downstream, auth=auth), issuer.token(scope="mcp:admin"), method="tools/call")
+    assert response.status_code == 200
+    assert downstream.seen[0].scopes == {"mcp:admin", "mcp:write", "mcp:tools"}
+
+
+@pytest.mark.parametrize("headers", [{}, {"mcp-protocol-version": "2025-11-25", "mcp-method": "tools/list"}])
+async def test_unknown_method_fails_closed(issuer, headers):
+    """Without a modern Mcp-Method the method is unknown before the body: every method's scopes
+    are required, so an initialize-era request cannot dodge a method scope."""
+    auth = auth_settings(issuer, method_scopes={"tools/call": ["mcp:tools"], "prompts/get": ["mcp:prompts"]})
+    policy = JwtAuth(Downstream(), auth=auth)
+    token = issuer.token(scope="")
+    async with client_for(policy) as client:
+        response = await client.post("/mcp", content=b"{}", headers={"authorization": f"Bearer {token}", **headers})
+    assert response.status_code == 403
+    assert 'scope="mcp:tools mcp:prompts"' in challenge(response)
+
+
+# -- paths ----------------------------------------------------------------------------------
+
+
+async def test_open_paths_need_no_token_and_everything_else_does(issuer):
+    downstream = Downstream()
+    policy = JwtAuth(downstream, auth=auth_settings(issuer), open_paths=["/healthz", "/.well-known/x"])
+    async with client_for(policy) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/healthz/")).status_code == 200
+        assert (await client.get("/.well-known/x")).status_code == 200
+        assert (await client.get("/somewhere-new")).status_code == 401
+        assert (await client.post("/mcp/")).status_code == 401
+    assert downstream.seen == [None, None, None]
+
+
+async def test_websocket_is_closed():
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    issuer = Issuer()
+    downstream = Downstream()
+    await JwtAuth(downstream, auth=auth_settings(issuer))({"type": "websocket", "path": "/mcp", "headers": []},
+                                                          None, send)
+    assert sent == [{"type": "websocket.close", "code": 1008}]
+    assert downstream.seen == []
+
+
+def test_challenge_description_cannot_break_the_header():
+    header = www_authenticate("https://m/.well-known/x", error="invalid_token", description='bad "quote" \\ \n')
+    assert header == 'Bearer error="invalid_token", resource_metadata="https://m/.well-known/x", ' \
+                     'error_description="bad ?quote? ? ?"'
+
+
+# -- principals -----------------------------------------------------------------------------
+
+
+def test_principal_keys_tell_callers_apart():
+    alice, bob = Principal("alice", ISSUER, True), Principal("bob", ISSUER, True)
+    other_idp_alice = Principal("alice", "https://other.test", True)
+    assert len({alice.key, bob.key, other_idp_alice.key}) == 3
+    # Scopes are not identity: a re-issued token with more scopes is the same caller.
+    assert Principal("alice", ISSUER, True, frozenset({"x"})).key == alice.key
+
+
+async def test_two_tokens_give_two_principal_keys(issuer):
+    downstream = Downstream()
+    policy = JwtAuth(downstream, auth=auth_settings(issuer))
+    for sub in ("alice", "bob", "alice"):
+        assert (await request(policy, issuer.token(sub))).status_code == 200
+    keys = [p.key for p in downstream.seen]
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+async def test_no_auth_principal_is_a_hash_of_the_credentials():
+    downstream = Downstream()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=NoAuth(downstream)), base_url="http://t") as c:
+        await c.get("/", headers={"authorization": "Bearer one"})
+        await c.get("/", headers={"authorization": "Bearer two"})
+        await c.get("/")
+    one, two, none = downstream.seen
+    assert one != two and none == ANONYMOUS
+    assert "one" not in one.key and one == credential_principal(b"Bearer one")
+

@@ -1,0 +1,111 @@
+"""gateway/routing/fanout.py: the parallel list merge, driven with page functions in process
+(over HTTP: tests/integration/test_front_door_routing.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.backends.modern import ModernHttpBackend
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.request import parse_call
+from gateway.routing import cursor as gw_cursor
+from gateway.routing.fanout import aggregate_list
+from gateway.routing.table import RouteTable, Target
+from gateway.settings import BackendSettings
+
+META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def target(name: str, prefix: str, **settings: Any) -> Target:
+    backend = ModernHttpBackend(BackendSettings(name=name, url=f"http://127.0.0.1:1/{name}", **settings))
+    return Target(backend, prefix)
+
+
+def list_call(method: str = "tools/list", **params: Any):
+    body = orjson.dumps({"jsonrpc": "2.0", "id": 9, "method": method, "params": {**params, "_meta": META}})
+    return parse_call(body, {"mcp-protocol-version": "2026-07-28", "mcp-method": method})
+
+
+# -- fan-out -----------------------------------------------------------------------------
+
+
+def page(items: list[dict[str, Any]], cursor: str | None = None, **extra: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {"tools": items, "resultType": "complete", "ttlMs": 1000, "cacheScope": "public", **extra}
+    if cursor:
+        result["nextCursor"] = cursor
+    return {"jsonrpc": "2.0", "id": 9, "result": result}
+
+
+async def test_merge_is_in_fleet_order_prefixed_and_paged():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    seen: dict[str, Any] = {}
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        seen[t.backend.name] = sub.params.get("cursor")
+        if t is b:
+            await asyncio.sleep(0.01)  # answers last, still listed second
+            return page([{"name": "x"}], ttlMs=500, cacheScope="private")
+        if sub.params.get("cursor") == "a-2":
+            return page([{"name": "z"}])
+        return page([{"name": "x"}, {"name": "y"}], cursor="a-2")
+
+    result = await aggregate_list(list_call(), table, table.targets, fetch)
+    assert [t["name"] for t in result["tools"]] == ["a__x", "a__y", "b__x"]
+    assert result["ttlMs"] == 500 and result["cacheScope"] == "private"  # the strictest part wins
+    assert gw_cursor.decode("tools/list", result["nextCursor"], None) == {"a": "a-2"}
+    assert seen == {"a": None, "b": None}
+
+    seen.clear()
+    nxt = await aggregate_list(list_call(cursor=result["nextCursor"]), table, table.targets, fetch)
+    assert seen == {"a": "a-2"}  # only the backend with pages left, with its own cursor
+    assert [t["name"] for t in nxt["tools"]] == ["a__z"]
+    assert "nextCursor" not in nxt
+
+
+async def test_failed_and_late_backends_are_left_out():
+    a, b, c = target("a", "a__"), target("b", "b__", list_timeout_seconds=0.05), target("c", "c__")
+    table = RouteTable([a, b, c])
+    never = asyncio.Event()
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        if t is b:
+            await never.wait()
+        if t is c:
+            raise rpc.backend_unavailable("c", "connection refused")
+        return page([{"name": "x"}])
+
+    result = await aggregate_list(list_call(), table, table.targets, fetch)
+    assert [t["name"] for t in result["tools"]] == ["a__x"]
+
+
+async def test_backend_error_answers_are_left_out_too():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        if t is b:
+            return {"jsonrpc": "2.0", "id": 9, "error": {"code": -32603, "message": "boom"}}
+        return page([{"name": "x"}])
+
+    result = await aggregate_list(list_call(), table, table.targets, fetch)
+    assert [t["name"] for t in result["tools"]] == ["a__x"]
+
+
+async def test_all_failing_is_one_error_naming_every_backend():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        raise rpc.backend_timeout(t.backend.name, 1.0)
+
+    with pytest.raises(rpc.McpError) as info:
+        await aggregate_list(list_call(), table, table.targets, fetch)
+    err = info.value
+    assert err.code == rpc.BACKEND_UNAVAILABLE and err.request_id == 9
+    assert err.data == {"backends": ["a", "b"]}
+    assert "'a'" in err.message and "'b'" in err.message

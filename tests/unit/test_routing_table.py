@@ -1,0 +1,63 @@
+"""gateway/routing/table.py: names by prefix, URIs by listing, configured prefix and template,
+and the x-mcp-header index fed by tools/list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.backends.modern import ModernHttpBackend
+from gateway.routing.table import RouteTable, Target
+from gateway.settings import BackendSettings
+
+
+def target(name: str, prefix: str, **settings: Any) -> Target:
+    # A real backend object, never started: the table only reads its name and settings.
+    backend = ModernHttpBackend(BackendSettings(name=name, url=f"http://127.0.0.1:1/{name}", **settings))
+    return Target(backend, prefix)
+
+
+# -- route table -------------------------------------------------------------------------
+
+
+def test_names_resolve_by_longest_prefix():
+    table = RouteTable([target("a", "a__"), target("ab", "ab."), target("plain", "p")])
+    assert table.resolve_name("a__echo")[1] == "echo"
+    assert table.resolve_name("ab.echo")[0].backend.name == "ab"
+    assert table.resolve_name("pecho")[0].backend.name == "plain"
+    assert table.resolve_name("a__") is None  # a prefix alone names nothing
+    assert table.resolve_name("zzz") is None
+
+
+def test_single_backend_with_empty_prefix_owns_every_name_and_uri():
+    only = target("only", "")
+    table = RouteTable([only])
+    assert table.resolve_name("anything") == (only, "anything")
+    assert table.resolve_uri("file:///x") is only
+
+
+def test_uris_by_listing_configured_prefix_and_template():
+    a, b = target("a", "a__"), target("b", "b__", resource_prefixes=("b://",))
+    table = RouteTable([a, b])
+    assert table.resolve_uri("x://listed") is None
+    table.learn_resources(a, [{"uri": "x://listed"}, {"no": "uri"}, "junk"])
+    assert table.resolve_uri("x://listed") is a
+    assert table.resolve_uri("b://anything/at/all") is b
+    table.learn_templates(a, [{"uriTemplate": "t://a/items/{id}"}, {"uriTemplate": "{whole}"}])
+    assert table.resolve_uri("t://a/items/7") is a
+    assert table.resolve_uri("t://b/items/7") is None
+
+
+def test_invalid_tools_are_filtered_and_annotations_indexed():
+    a = target("a", "a__")
+    table = RouteTable([a])
+    tools = [
+        {"name": "ok", "inputSchema": {"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "R"}}}},
+        {"name": "bad", "inputSchema": {"type": "object", "properties": {"n": {"type": "number", "x-mcp-header": "N"}}}},
+        {"name": "plain", "inputSchema": {"type": "object"}},
+        {"no": "name"},
+    ]
+    assert [t["name"] for t in table.filter_tools(a, tools)] == ["ok", "plain"]
+    assert [p.header for p in table.param_headers(a, "ok")] == ["mcp-param-r"]
+    assert table.param_headers(a, "plain") == ()
+    assert table.param_headers(a, "bad") is None  # never offered, never indexed
+    assert table.param_headers(a, "unlisted") is None

@@ -1,0 +1,173 @@
+"""gateway/settings.py: YAML + environment into frozen settings, errors that name the field,
+and the golden snapshots of every example config (a schema change shows up as a diff).
+
+Regenerate the snapshots after an intended change with:
+    UPDATE_GOLDEN=1 /work/.venv/bin/python -m pytest tests/unit/test_settings.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import ConfigError, GatewaySettings, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "config").glob("*.yaml"))
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("MCP_GATEWAY_"):
+            monkeypatch.delenv(key)
+
+
+def normalized(settings: GatewaySettings) -> str:
+    return json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+# -- golden example configs ----------------------------------------------------------------
+
+
+def test_the_documented_examples_exist():
+    assert {p.name for p in EXAMPLES} >= {"single-backend.yaml", "fleet.yaml", "sidecar.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_config_matches_its_golden_snapshot(path):
+    actual = normalized(load_settings(path))
+    golden = GOLDEN / f"{path.stem}.json"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(actual)
+    assert golden.exists(), f"no snapshot for {path.name}; run with UPDATE_GOLDEN=1 to create it"
+    assert actual == golden.read_text(), (
+        f"{path.name} normalizes differently from {golden.name}; if the change is intended, "
+        "regenerate with UPDATE_GOLDEN=1"
+    )
+
+
+def test_fleet_example_compiles_the_prefixes_it_documents():
+    settings = load_settings(ROOT / "config" / "fleet.yaml")
+    assert [settings.prefix_of(b) for b in settings.backends] == ["weather__", "fs.", "search__"]
+
+
+def test_single_backend_names_pass_unchanged():
+    settings = load_settings(ROOT / "config" / "single-backend.yaml")
+    assert settings.prefix_of(settings.backends[0]) == ""
+    assert settings.server.bound_to_loopback
+
+
+# -- sources and overrides -----------------------------------------------------------------
+
+
+def test_defaults_without_a_file():
+    settings = load_settings(None)
+    assert settings.server.host == "127.0.0.1" and settings.server.port == 8080 and settings.server.path == "/mcp"
+    assert settings.backends == ()
+
+
+def test_environment_overrides_the_file_key_by_key(tmp_path, monkeypatch):
+    config = tmp_path / "c.yaml"
+    config.write_text("server: {host: 127.0.0.1, port: 9000}\nbackends: [{name: a, url: 'http://127.0.0.1:1/mcp'}]\n")
+    monkeypatch.setenv("MCP_GATEWAY_SERVER__PORT", "9100")
+    monkeypatch.setenv("MCP_GATEWAY_CACHE__STORE", "none")
+    settings = load_settings(config)
+    assert settings.server.port == 9100
+    assert settings.server.host == "127.0.0.1"  # the rest of the file's section stays
+    assert settings.cache.store == "none"
+    assert [b.name for b in settings.backends] == ["a"]
+
+
+def test_backends_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MCP_GATEWAY_BACKENDS", '[{"name": "env", "url": "http://127.0.0.1:9/mcp"}]')
+    assert [b.name for b in load_settings(None).backends] == ["env"]
+
+
+def test_settings_are_frozen():
+    settings = load_settings(None)
+    with pytest.raises(ValidationError):
+        settings.server.port = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("::1", True), ("localhost", True),
+                                                ("0.0.0.0", False), ("10.1.2.3", False), ("gw.example", False)])
+def test_bound_to_loopback(host, loopback):
+    assert load_settings(None, server={"host": host}).server.bound_to_loopback is loopback
+
+
+def test_prefix_defaults():
+    one = load_settings(None, backends=[{"name": "a", "url": "http://127.0.0.1:1/mcp"}])
+    assert one.prefix_of(one.backends[0]) == ""
+    two = load_settings(None, backends=[{"name": "a", "url": "http://127.0.0.1:1/mcp"},
+                                        {"name": "b", "url": "http://127.0.0.1:2/mcp", "prefix": "bee."}])
+    assert [two.prefix_of(b) for b in two.backends] == ["a__", "bee."]
+
+
+def test_allowed_origins_are_normalized():
+    settings = load_settings(None, server={"allowed_origins": ["https://App.Example.com/"]})
+    assert settings.server.allowed_origins == ("https://app.example.com",)
+
+
+# -- errors name the field -----------------------------------------------------------------
+
+
+def problems(**data) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, **data)
+    return dict(info.value.problems)
+
+
+def test_every_bad_field_is_reported_with_its_path():
+    found = problems(
+        server={"port": 70000, "path": "mcp", "allowed_origins": ["not an origin"]},
+        backends=[{"name": "Bad Name", "url": "http://127.0.0.1:1/mcp"}, {"name": "b", "url": "ftp://x"}],
+        cache={"store": "disk"},
+    )
+    assert {"server.port", "server.path", "server.allowed_origins", "backends.0.name", "backends.1.url",
+            "cache.store"} <= found.keys()
+    assert "ftp://x" in found["backends.1.url"]
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "words"),
+    [
+        ({"backends": [{"name": "a"}]}, "backends.0", "exactly one of 'url'"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp", "command": ["x"]}]}, "backends.0", "exactly one"),
+        ({"backends": [{"name": "a", "command": []}]}, "backends.0.command", "non-empty"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp"}, {"name": "a", "url": "http://g/mcp"}]}, "<root>",
+         "unique"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp", "prefix": "x"},
+                       {"name": "b", "url": "http://g/mcp", "prefix": "xy"}]}, "<root>", "overlapping"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp", "retries": 9}]}, "backends.0.retries", ""),
+        ({"backends": [{"name": "a", "url": "http://h/mcp", "timeout_seconds": 0}]}, "backends.0.timeout_seconds",
+         ""),
+        ({"server": {"unknown_key": 1}}, "server.unknown_key", ""),
+        ({"typo_section": {}}, "typo_section", ""),
+    ],
+)
+def test_specific_problems(data, path, words):
+    found = problems(**data)
+    assert path in found, found
+    assert words in found[path]
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path / "missing.yaml")
+    assert info.value.problems[0][0] == "<file>"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(bad)
+    assert "not valid YAML" in info.value.problems[0][1]
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just a string\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(scalar)
+    assert "mapping" in info.value.problems[0][1]

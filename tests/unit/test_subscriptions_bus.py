@@ -1,0 +1,121 @@
+"""The Redis bus against a real redis-server: events reach every replica, one replica holds a
+stream's lease, the lease passes on when its holder stops renewing, and a Redis outage
+leaves each replica working alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.subscriptions.bus import LocalBus, RedisBus
+
+
+async def _never() -> None:
+    return None
+
+
+class Replica:
+    def __init__(self, url: str, name: str, lease: float = 0.6) -> None:
+        self.bus = RedisBus(url, prefix="test", lease_seconds=lease, replica_id=name)
+        self.events: list[dict] = []
+        self.resyncs = 0
+
+    async def start(self) -> Replica:
+        async def handler(event: dict) -> None:
+            self.events.append(event)
+
+        async def resync() -> None:
+            self.resyncs += 1
+
+        await self.bus.start(handler, resync)
+        return self
+
+
+async def eventually(predicate, timeout: float = 10.0) -> None:
+    async def wait() -> None:
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(wait(), timeout)
+
+
+async def test_events_reach_every_replica(redis_server):
+    a, b = await Replica(redis_server.url, "a").start(), await Replica(redis_server.url, "b").start()
+    try:
+        await a.bus.publish({"t": "event", "k": "s1", "m": {"method": "x"}})
+        await eventually(lambda: a.events and b.events)
+        assert a.events == b.events == [{"t": "event", "k": "s1", "m": {"method": "x"}}]
+    finally:
+        await a.bus.aclose()
+        await b.bus.aclose()
+
+
+async def test_one_holder_per_stream_and_takeover_after_the_lease(redis_server):
+    a, b = await Replica(redis_server.url, "a").start(), await Replica(redis_server.url, "b").start()
+    try:
+        assert await a.bus.acquire("s1") is True
+        assert await b.bus.acquire("s1") is False
+        # Renewal keeps it and stores the ack for followers.
+        assert await a.bus.renew("s1", {"f": {"toolsListChanged": True}}) is True
+        assert await b.bus.renew("s1", None) is False
+        assert await b.bus.read_ack("s1") == {"f": {"toolsListChanged": True}}
+        # A release by a non-holder frees nothing.
+        await b.bus.release("s1")
+        assert await b.bus.acquire("s1") is False
+        # The holder stops renewing (it died): the lease expires and b takes over.
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await b.bus.acquire("s1"):
+            assert asyncio.get_running_loop().time() < deadline, "lease never expired"
+            await asyncio.sleep(0.05)
+        assert await a.bus.renew("s1", None) is False  # a learns it lost the stream
+        # A voluntary release frees the lease at once.
+        await b.bus.release("s1")
+        assert await a.bus.acquire("s1") is True
+    finally:
+        await a.bus.aclose()
+        await b.bus.aclose()
+
+
+async def test_interest_of_other_replicas(redis_server):
+    a, b = await Replica(redis_server.url, "a").start(), await Replica(redis_server.url, "b").start()
+    try:
+        assert await a.bus.others_want("s1") is False
+        await b.bus.want("s1")
+        assert await a.bus.others_want("s1") is True
+        assert await b.bus.others_want("s1") is False  # its own interest does not count
+        await b.bus.unwant("s1")
+        assert await a.bus.others_want("s1") is False
+    finally:
+        await a.bus.aclose()
+        await b.bus.aclose()
+
+
+async def test_redis_outage_leaves_each_replica_working_alone(redis_server):
+    a = await Replica(redis_server.url, "a").start()
+    try:
+        redis_server.kill()
+        # Holding and renewing succeed locally; events still reach this replica's clients.
+        assert await a.bus.acquire("s1") is True
+        assert await a.bus.renew("s1", None) is True
+        await eventually(lambda: not a.bus._subscribed.is_set())
+        await a.bus.publish({"t": "event", "k": "s1"})
+        assert a.events == [{"t": "event", "k": "s1"}]
+        # Redis comes back: the subscription is restored and the hub is told to resync.
+        redis_server.start()
+        await eventually(lambda: a.resyncs == 1, timeout=20)
+        await a.bus.publish({"t": "event", "k": "s2"})
+        await eventually(lambda: len(a.events) == 2)
+    finally:
+        await a.bus.aclose()
+
+
+async def test_local_bus_is_a_direct_call():
+    bus = LocalBus()
+    seen: list[dict] = []
+
+    async def handler(event: dict) -> None:
+        seen.append(event)
+
+    await bus.start(handler, _never)
+    await bus.publish({"t": "ack"})
+    assert seen == [{"t": "ack"}]
+    assert await bus.acquire("any") and not await bus.others_want("any")
