@@ -259,6 +259,9 @@ class Target:
     check: Callable[[dict], str | None] | None = None   # result -> error text or None
     skipped: str = ""           # reason; a skipped target is shown but never measured
     runs: list[dict] = field(default_factory=list)
+    # Expected X-Cache of a repeated request ("hit", "miss", "bypass"; "" = not checked):
+    # a cache workload whose target does not actually hit (or miss) is never measured.
+    x_cache: str = ""
 
 
 def check_call(result: dict) -> str | None:
@@ -298,6 +301,19 @@ def verify(t: Target) -> None:
         return
     if t.check and (err := t.check(msg["result"])):
         t.skipped = "check: " + err
+        return
+    if t.x_cache:
+        # The first request may have filled the cache; the second shows the steady state.
+        try:
+            r = httpx.post(t.url, content=t.request.wrk_env()["MCP_BODY"],
+                           headers=t.request.headers(), timeout=10)
+        except httpx.HTTPError as e:
+            t.skipped = f"check (repeat) request failed: {e!r}"
+            return
+        got = r.headers.get("x-cache", "<absent>")
+        if r.status_code != 200 or got != t.x_cache:
+            t.skipped = f"check: repeated request: HTTP {r.status_code}, X-Cache {got}, " \
+                        f"expected 200 and X-Cache {t.x_cache}"
 
 
 # --------------------------------------------------------------------------- context
@@ -315,6 +331,7 @@ class Context:
         self.gateway_problem: str | None = None   # cached: why the gateway can't run
         self._gateway_checked = False
         self.stats_urls: list[str] = []           # every bench backend of this workload
+        self.notes: list[str] = []                # extra lines printed after the tables
 
     def backend_posts(self) -> int | None:
         """POSTs received so far by all bench backends of this workload."""
@@ -347,6 +364,42 @@ class Context:
         wait_ready(f"http://127.0.0.1:{port}/healthz", p, 15, lp)
         self.stats_urls.append(f"http://127.0.0.1:{port}/stats")
         return f"http://127.0.0.1:{port}/mcp"
+
+    def fleet(self, tools: int = 50, ttl_ms: int = 0) -> Callable[[int], str]:
+        """One modern bench backend process answering on every /fleet/<name> path
+        (bench/fleet_backend.py); returns ``url(i)`` -> the URL of fleet member i."""
+        port = free_port()
+        lp = self._logfile("backend-fleet")
+        p = self.procs.start("backend-fleet", self._cpu("backend") + [
+            PY, str(BENCH / "fleet_backend.py"), "--port", str(port), "--tools", str(tools),
+            "--ttl-ms", str(ttl_ms)], log_path=lp)
+        wait_ready(f"http://127.0.0.1:{port}/healthz", p, 15, lp)
+        self.stats_urls.append(f"http://127.0.0.1:{port}/stats")
+        return lambda i: f"http://127.0.0.1:{port}/fleet/{member(i)}"
+
+    def redis(self) -> str:
+        """A fresh redis-server (no persistence) on a free port, on the proxy's CPU: the
+        shared cache is part of the system under test.  Returns its redis:// URL."""
+        binary = ensure_tool("redis-server", "redis-server")
+        port = free_port()
+        lp = self._logfile("redis")
+        p = self.procs.start("redis", self._cpu("proxy") + [
+            binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--protected-mode", "no"], log_path=lp)
+        deadline = time.monotonic() + 15
+        while True:
+            if p.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {p.returncode}:\n{tail(lp)}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return f"redis://127.0.0.1:{port}/0"
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server not answering PING after 15 s:\n{tail(lp)}")
+            time.sleep(0.1)
 
     def nginx(self, backend_url: str) -> str:
         if not self.nginx_bin:
@@ -385,10 +438,13 @@ class Context:
                 self.gateway_problem = "gateway not runnable yet ('serve --help' timed out)"
         return self.gateway_problem
 
-    def gateway(self, backends: list[dict], extra_yaml: str = "cache: {store: memory}\n") -> str:
+    def gateway(self, backends: list[dict], extra_yaml: str = "cache: {store: memory}\n",
+                launcher: list[str] | None = None, ready_timeout: float = 30) -> str:
         """Start `python -m gateway serve` in front of ``backends`` (dicts: name,url,era,prefix).
 
-        Raises RuntimeError (the caller marks the target skipped) if it can't start."""
+        ``launcher`` replaces ``python -m gateway`` (it gets the same ``serve ...`` arguments):
+        bench/prefilled_gateway.py uses it.  Raises RuntimeError (the caller marks the target
+        skipped) if it can't start."""
         if problem := self.gateway_unavailable():
             raise RuntimeError(problem)
         port = free_port()
@@ -398,23 +454,28 @@ class Context:
         cfg = self.tmp / f"gateway-{port}.yaml"
         cfg.write_text("\n".join(lines) + "\n" + extra_yaml)
         lp = self._logfile("gateway")
-        cmd = shlex.split(self.args.gateway_cmd) if self.args.gateway_cmd else \
-            [PY, "-m", "gateway"]
+        cmd = launcher or (shlex.split(self.args.gateway_cmd) if self.args.gateway_cmd else
+                           [PY, "-m", "gateway"])
         p = self.procs.start("gateway", self._cpu("proxy") + cmd + [
             "serve", "--config", str(cfg),
             "--host", "127.0.0.1", "--port", str(port)], log_path=lp, cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)})
-        wait_ready(f"http://127.0.0.1:{port}/healthz", p, 30, lp)
+        wait_ready(f"http://127.0.0.1:{port}/healthz", p, ready_timeout, lp)
         return f"http://127.0.0.1:{port}/mcp"
 
     def gateway_target(self, request: Request, check, backends: list[dict],
-                       name: str = "gateway", **kw) -> Target:
+                       name: str = "gateway", x_cache: str = "", **kw) -> Target:
         try:
             url = self.gateway(backends, **kw)
         except RuntimeError as e:
             return Target(name, "", request, check, skipped=str(e).splitlines()[0][:200]
-                          if str(e) else "gateway failed to start")
-        return Target(name, url, request, check)
+                          if str(e) else "gateway failed to start", x_cache=x_cache)
+        return Target(name, url, request, check, x_cache=x_cache)
+
+
+def member(i: int) -> str:
+    """Name of fleet member i (also its URL path and, with ``__``, its tool prefix)."""
+    return f"b{i:04d}"
 
 
 def legacy_session(url: str) -> str:
@@ -502,11 +563,202 @@ def wl_cache_hit_memory(ctx: Context) -> list[Target]:
         Target("nginx", ctx.nginx(be), LIST_TOOLS, chk),
         ctx.gateway_target(LIST_TOOLS, chk,
                            [{"name": "bench", "url": be, "era": "modern", "prefix": ""}],
-                           name="gateway-cache"),
+                           name="gateway-cache", x_cache="hit"),
     ]
 
 
-WORKLOADS: dict[str, tuple[Callable[[Context], list[Target]], str, bool]] = {
+def wl_tools_list_miss(ctx: Context) -> list[Target]:
+    """tools/list that is never served from the cache, with the cache off and on."""
+    n = 50
+    be = ctx.backend("modern", tools=n, ttl_ms=0)
+    chk = check_list(n)
+    one = [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]
+    return [
+        Target("direct", be, LIST_TOOLS, chk),
+        Target("nginx", ctx.nginx(be), LIST_TOOLS, chk),
+        # store: none -> the cache seam is NoCache: the floor for a forwarded list.
+        ctx.gateway_target(LIST_TOOLS, chk, one, name="gateway-nocache", x_cache="bypass",
+                           extra_yaml="cache: {store: none}\n"),
+        # store: memory, backend says ttlMs 0: key, lookup, fetch, policy says "don't store".
+        ctx.gateway_target(LIST_TOOLS, chk, one, name="gateway-miss", x_cache="miss"),
+    ]
+
+
+def wl_cache_hit_redis(ctx: Context) -> list[Target]:
+    """tools/list (ttlMs 60 s, public) from the Redis store, with and without the local layer."""
+    n = 50
+    be = ctx.backend("modern", tools=n, ttl_ms=60_000)
+    redis_url = ctx.redis()
+    chk = check_list(n)
+    one = [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]
+    redis = f"cache: {{store: redis, redis_url: '{redis_url}'"
+    return [
+        Target("direct", be, LIST_TOOLS, chk),
+        Target("nginx", ctx.nginx(be), LIST_TOOLS, chk),
+        # Default local layer (local_max_entries 1000, local_ttl_ms 1000): a hot key costs
+        # one Redis MGET per second per replica; the rest are in-process hits.
+        ctx.gateway_target(LIST_TOOLS, chk, one, name="gateway-redis", x_cache="hit",
+                           extra_yaml=redis + "}\n"),
+        # local_max_entries 0: every hit is an MGET plus decoding the stored value.
+        ctx.gateway_target(LIST_TOOLS, chk, one, name="gateway-redis-nolocal", x_cache="hit",
+                           extra_yaml=redis + ", local_max_entries: 0}\n"),
+    ]
+
+
+def wl_aggregate_10(ctx: Context) -> list[Target]:
+    """tools/list fanned out to 10 backends and merged, cache off, against one backend's
+    list of the same total size (10 x 5 tools = 50 tools = the tools-list answer)."""
+    big = ctx.fleet(tools=50, ttl_ms=0)
+    small = ctx.fleet(tools=5, ttl_ms=0)
+    off = "cache: {store: none}\n"
+    chk = check_list(50)
+    return [
+        Target("direct", big(0), LIST_TOOLS, chk),
+        Target("nginx", ctx.nginx(big(0)), LIST_TOOLS, chk),
+        ctx.gateway_target(LIST_TOOLS, chk,
+                           [{"name": member(0), "url": big(0), "era": "modern", "prefix": ""}],
+                           name="gateway-1x50", extra_yaml=off),
+        ctx.gateway_target(LIST_TOOLS, chk,
+                           [{"name": member(i), "url": small(i), "era": "modern"}
+                            for i in range(10)],
+                           name="gateway-10x5", extra_yaml=off),
+    ]
+
+
+ROUTING_SIZES = (1, 10, 100, 1000)
+CACHE_SIZES = (1_000, 10_000, 100_000, 1_000_000)
+LISTEN_SIZES = (1_000, 10_000)
+
+
+def learn_all_tools(url: str, expected: int, timeout: float = 120) -> str | None:
+    """List every tool through the gateway (following the gateway cursor) until it lists
+    ``expected``: each backend's tools are then in the route table's tool index, as in a
+    gateway that has served clients for a while.  None, or why it could not."""
+    deadline = time.monotonic() + timeout
+    seen = -1
+    with httpx.Client(timeout=60) as c:
+        while time.monotonic() < deadline:
+            seen, cursor = 0, None
+            for _ in range(10_000):
+                req = modern_request("tools/list", {"cursor": cursor} if cursor else {})
+                r = c.post(url, content=req.wrk_env()["MCP_BODY"], headers=req.headers())
+                if r.status_code != 200:
+                    return f"tools/list HTTP {r.status_code}: {r.text[:200]}"
+                result = r.json().get("result") or {}
+                seen += len(result.get("tools") or [])
+                cursor = result.get("nextCursor")
+                if not cursor:
+                    break
+            if seen == expected:
+                return None
+            time.sleep(0.5)      # discovery runs in the background after start
+    return f"the gateway listed {seen} tools, expected {expected}"
+
+
+def wl_routing_scale(ctx: Context) -> list[Target]:
+    """tools/call pass-through with 1 ... 1,000 configured backends of 50 tools each."""
+    sizes = (10,) if ctx.args.smoke else ROUTING_SIZES
+    url = ctx.fleet(tools=50, ttl_ms=0)
+    targets = [Target("direct", url(0), CALL_ECHO, check_call)]
+    for n in sizes:
+        # Every prefix has the same length, so a name resolves with one dict probe at any
+        # size (routing/table.py); the tool called belongs to the last backend configured.
+        fleet = [{"name": member(i), "url": url(i), "era": "modern", "prefix": member(i) + "__"}
+                 for i in range(n)]
+        name = f"{member(n - 1)}__echo"
+        req = modern_request("tools/call", {"name": name, "arguments": {"text": "hi"}}, name)
+        t = ctx.gateway_target(req, check_call, fleet, name=f"gateway-{n}",
+                               ready_timeout=120)
+        if not t.skipped and (problem := learn_all_tools(t.url, 50 * n)):
+            t.skipped = problem
+        targets.append(t)
+    return targets
+
+
+def wl_cache_scale(ctx: Context) -> list[Target]:
+    """Cached resources/read hits with the memory store holding 1e3 ... 1e6 entries."""
+    sizes = CACHE_SIZES[:1] if ctx.args.smoke else CACHE_SIZES
+    url = ctx.fleet(tools=5, ttl_ms=0)
+    uri = "bench://fill/0"
+    req = modern_request("resources/read", {"uri": uri}, uri)
+
+    def chk(result: dict) -> str | None:
+        c = result.get("contents")
+        if not (isinstance(c, list) and c and c[0].get("text") == "fill entry 0"):
+            return f"expected the pre-filled entry, got {str(result)[:200]}"
+        return None
+
+    targets, stats_files = [], {}
+    for n in sizes:
+        stats_files[n] = ctx.tmp / f"cache-scale-{n}.json"
+        yaml = (f"cache: {{store: memory, max_entries: {n + 1000}, max_bytes: {1 << 34}}}\n")
+        targets.append(ctx.gateway_target(
+            req, chk, [{"name": "bench", "url": url(0), "era": "modern", "prefix": ""}],
+            name=f"gateway-{n:.0e}".replace("+0", ""), x_cache="hit", extra_yaml=yaml,
+            launcher=[PY, str(BENCH / "prefilled_gateway.py"), "--entries", str(n),
+                      "--stats-out", str(stats_files[n])],
+            ready_timeout=60 + n / 2_000))
+    rows = ["| entries | fill s | bytes/entry (RSS) | in-process hit µs, random key | "
+            "in-process hit µs, hot key |", "|---|---|---|---|---|"]
+    for n, path in stats_files.items():
+        try:
+            st = json.loads(path.read_text())
+        except (OSError, ValueError):
+            rows.append(f"| {n:,} | - | - | - | - |")
+            continue
+        rows.append(f"| {n:,} | {st['fill_seconds']:.1f} | {st['bytes_per_entry']:.0f} | "
+                    f"{st['hit_us_random']:.1f} | {st['hit_us_hot']:.1f} |")
+    ctx.notes += ["cache-scale, measured in each gateway process before it served "
+                  "(bench/prefilled_gateway.py; StoreCache.fetch without HTTP):", *rows]
+    return targets
+
+
+@dataclass
+class Report:
+    """A workload measured by its own client instead of wrk: a ready-made table."""
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    raw: list[dict] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+
+def wl_listen_fanout(ctx: Context) -> Report:
+    """subscriptions/listen fan-out through bench/listen_fanout.py (its own client)."""
+    import asyncio
+
+    if problem := ctx.gateway_unavailable():
+        return Report(["N"], failures=[problem])
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import listen_fanout
+
+    sizes = LISTEN_SIZES[:1] if ctx.args.smoke else LISTEN_SIZES
+    rounds = 3 if ctx.args.smoke else 20
+    rep = Report(["N", "upstream listens", "every client got every one", "open all (s)",
+                  "delivery p50 ms", "delivery p99 ms", "to last client p50 ms",
+                  "to last client p99 ms", "gateway RSS per idle stream KB"])
+    for n in sizes:
+        log(f"  listen fan-out N={n}, {rounds} rounds")
+        r = asyncio.run(listen_fanout.measure(n, rounds))
+        rep.raw.append(r)
+        rep.rows.append([f"{n:,}", str(r["upstreams"]), str(r["complete"]), f"{r['open_s']:.1f}",
+                         f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}",
+                         f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}"])
+        if r["upstreams"] != 1:
+            rep.failures.append(f"N={n}: the backend held {r['upstreams']} upstream listens, "
+                                "expected 1")
+        if not r["complete"]:
+            rep.failures.append(f"N={n}: some clients missed notifications")
+        log(f"  N={n}: " + " ".join(f"{k}={v}" for k, v in zip(rep.header[1:], rep.rows[-1][1:])))
+    return rep
+
+
+WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool]] = {
     # name: (function, what it measures, in the default set)
     "passthrough-call": (wl_passthrough_call,
                          "tools/call echo on a modern backend: direct, nginx, gateway", True),
@@ -521,6 +773,23 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target]], str, bool]] = {
     "cache-hit-memory": (wl_cache_hit_memory,
                          "tools/list (ttlMs 60 s, public) answered from the gateway memory cache",
                          False),
+    "tools-list-miss": (wl_tools_list_miss,
+                        "tools/list never served from the cache: store none vs memory store "
+                        "with ttlMs 0", False),
+    "cache-hit-redis": (wl_cache_hit_redis,
+                        "tools/list from the Redis cache (real redis-server), local layer on "
+                        "and off", False),
+    "aggregate-10": (wl_aggregate_10,
+                     "tools/list merged from 10 backends x 5 tools vs 1 x 50, cache off", False),
+    "routing-scale": (wl_routing_scale,
+                      "tools/call pass-through with 1, 10, 100, 1000 backends x 50 tools",
+                      False),
+    "cache-scale": (wl_cache_scale,
+                    "resources/read cache hits with 1e3..1e6 entries in the memory store",
+                    False),
+    "listen-fanout": (wl_listen_fanout,
+                      "subscriptions/listen to N = 1,000 and 10,000 streams: delivery p50/p99,"
+                      " RSS per stream (bench/listen_fanout.py)", False),
 }
 
 
@@ -692,7 +961,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="mcp-gateway benchmark harness",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="CI smoke: 3 reps x 1 s per target")
+    p.add_argument("--quick", action="store_true", help="short run: 3 reps x 1 s per target")
+    p.add_argument("--smoke", action="store_true",
+                   help="CI: every workload (default and extra) at its smallest size, 1 rep x "
+                        "2 s; exits 1 only if a target fails to start or answers wrongly")
     p.add_argument("--workloads", default="", help="comma list (default: the default set)")
     p.add_argument("--list", action="store_true", help="list workloads and exit")
     p.add_argument("--reps", type=int, default=3)
@@ -720,8 +992,10 @@ def main(argv=None) -> int:
         return 0
     if a.quick:
         a.reps, a.duration, a.warmup = 3, 1, 1
+    if a.smoke:
+        a.reps, a.duration, a.warmup = 1, 2, 1
     names = [w.strip() for w in a.workloads.split(",") if w.strip()] or \
-        [n for n, (_, _, d) in WORKLOADS.items() if d]
+        [n for n, (_, _, d) in WORKLOADS.items() if d or a.smoke]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         p.error(f"unknown workloads {unknown}; try --list")
@@ -740,6 +1014,9 @@ def main(argv=None) -> int:
         f"connections={a.connections} threads={a.threads}")
 
     results: dict[str, list[Target]] = {}
+    reports: dict[str, Report] = {}
+    notes: dict[str, list[str]] = {}
+    failures: list[str] = []     # --smoke: what failed to start or answered wrongly
     procs = Procs(a.nice)
     rc = 0
     with tempfile.TemporaryDirectory(prefix="mcp-bench-") as tmp:
@@ -748,7 +1025,14 @@ def main(argv=None) -> int:
                 log(f"workload {name}")
                 ctx = Context(a, procs, Path(tmp))
                 try:
-                    targets = WORKLOADS[name][0](ctx)
+                    made = WORKLOADS[name][0](ctx)
+                    if isinstance(made, Report):
+                        reports[name] = made
+                        failures += [f"{name}: {f}" for f in made.failures]
+                        for f in made.failures:
+                            log(f"  FAILED: {f}")
+                        continue
+                    targets = made
                     for t in targets:
                         if not t.skipped:
                             verify(t)
@@ -756,10 +1040,18 @@ def main(argv=None) -> int:
                             log(f"  {t.name}: SKIPPED: {t.skipped}")
                     measure(ctx, targets)
                     results[name] = targets
+                    for t in targets:
+                        if t.skipped:
+                            failures.append(f"{name}/{t.name}: {t.skipped}")
+                        elif sum(r["non2xx"] for r in t.runs):
+                            failures.append(f"{name}/{t.name}: non-2xx answers while measured")
                 except Exception as e:  # one broken workload must not stop the others
                     log(f"workload {name} FAILED: {type(e).__name__}: {e}")
+                    failures.append(f"{name}: {type(e).__name__}: {e}")
                     rc = 1
                 finally:
+                    if ctx.notes:
+                        notes[name] = ctx.notes
                     procs.stop_all()
         except KeyboardInterrupt:
             log("interrupted")
@@ -773,13 +1065,24 @@ def main(argv=None) -> int:
     for i, (name, targets) in enumerate(results.items()):
         tb = table(name, targets)
         out.append(tb if i == 0 else "\n".join(tb.splitlines()[2:]))
+    for name, lines in notes.items():
+        out += ["", *lines]
+    for name, report in reports.items():
+        out += ["", f"{name}:", report.markdown()]
     print("\n".join(out))
     if a.json:
         a.json.write_text(json.dumps({
             "machine": info, "args": {k: str(v) for k, v in vars(a).items()},
             "results": {n: [{"target": t.name, "skipped": t.skipped, "runs": t.runs,
                              "median": summarize(t)} for t in ts]
-                        for n, ts in results.items()}}, indent=2))
+                        for n, ts in results.items()},
+            "reports": {n: {"raw": r.raw, "failures": r.failures} for n, r in reports.items()},
+            "notes": notes}, indent=2))
+    if a.smoke:
+        # CI keeps the harness honest about what it runs, never about how fast it ran.
+        for f in failures:
+            log(f"SMOKE FAILURE: {f}")
+        return 1 if failures or rc else 0
     return rc
 
 

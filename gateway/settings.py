@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 ENV_PREFIX = "MCP_GATEWAY_"
 CONFIG_ENV = "MCP_GATEWAY_CONFIG"
@@ -383,3 +383,9 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         raise ConfigError(
             [(".".join(str(p) for p in err["loc"]) or "<root>", err["msg"]) for err in exc.errors()]
         ) from None
+    except SettingsError as exc:
+        # An environment variable that names a whole section (MCP_GATEWAY_CACHE=...) must
+        # hold JSON; say which one instead of a traceback.
+        raise ConfigError([("<environment>", f"{exc} (variables named {ENV_PREFIX}<SECTION> must hold a "
+                                              f"JSON object; set single keys as {ENV_PREFIX}<SECTION>__<KEY>)")]
+                          ) from None

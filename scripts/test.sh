@@ -5,7 +5,7 @@
 #   bash scripts/test.sh [pytest args...]
 #
 # What it installs when missing (each step is idempotent):
-#   - a virtualenv at ${MCP_GATEWAY_VENV:-.venv} with the gateway and its test extras
+#   - a virtualenv at ${MCPGW_VENV:-.venv} with the gateway and its test extras
 #   - redis-server (Debian package, through apt-get; the tests start their own on free ports)
 #   - the mcp==1.30.0 virtualenv for legacy fixture servers (scripts/legacy-venv.sh)
 #   - Node 22 and the conformance suite (scripts/node22.sh, scripts/conformance.sh)
@@ -13,8 +13,8 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-venv="${MCP_GATEWAY_VENV:-$repo/.venv}"
-export MCP_GATEWAY_CACHE="${MCP_GATEWAY_CACHE:-$repo/.cache}"
+venv="${MCPGW_VENV:-$repo/.venv}"
+export MCPGW_CACHE_DIR="${MCPGW_CACHE_DIR:-$repo/.cache}"
 
 step() { printf '\n== %s\n' "$*" >&2; }
 
@@ -40,11 +40,11 @@ redis-server --version >&2
 
 step "legacy fixture venv (mcp==1.30.0)"
 LEGACY_PYTHON_BIN="$(bash scripts/legacy-venv.sh)"
-export MCP_GATEWAY_LEGACY_PYTHON="$LEGACY_PYTHON_BIN"
+export MCPGW_LEGACY_PYTHON="$LEGACY_PYTHON_BIN"
 
 step "node 22 + conformance suite"
 NODE22_BIN="$(bash scripts/node22.sh)"
-export MCP_GATEWAY_NODE22_BIN="$NODE22_BIN"
+export MCPGW_NODE22_BIN="$NODE22_BIN"
 
 step "pytest"
 exec "$venv/bin/python" -m pytest "$@"

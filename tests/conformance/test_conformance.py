@@ -47,7 +47,7 @@ def test_modern_fixture_through_gateway(conformance_backend, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _node22():
-    if "MCP_GATEWAY_NODE22_BIN" not in os.environ:
+    if "MCPGW_NODE22_BIN" not in os.environ:
         # scripts/test.sh exports it; when pytest runs alone, install it here the same way.
         out = subprocess.run(["bash", str(ROOT / "scripts" / "node22.sh")], capture_output=True, text=True, check=True)
-        os.environ["MCP_GATEWAY_NODE22_BIN"] = out.stdout.strip()
+        os.environ["MCPGW_NODE22_BIN"] = out.stdout.strip()

@@ -171,3 +171,12 @@ def test_unreadable_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_settings(scalar)
     assert "mapping" in info.value.problems[0][1]
+
+
+def test_a_section_variable_that_is_not_json_is_a_config_error(monkeypatch):
+    # e.g. a tool that exports MCP_GATEWAY_CACHE=/some/dir: say which variable, no traceback.
+    monkeypatch.setenv("MCP_GATEWAY_CACHE", "/tmp/somewhere")
+    with pytest.raises(ConfigError) as err:
+        load_settings(None)
+    assert err.value.problems[0][0] == "<environment>"
+    assert "cache" in err.value.problems[0][1]

@@ -30,6 +30,12 @@ from gateway.settings import BackendSettings, GatewaySettings
 
 log = logging.getLogger("gateway.backends.legacy")
 
+# How long to wait, after a backend request, for more requests to put in the same
+# InputRequiredResult. Concurrent requests leave a legacy server within microseconds; the
+# window only has to cover their arrival, and it is spent once per MRTR round, where a human
+# or an LLM answers next.
+_GATHER_SECONDS = 0.05
+
 
 class LegacyBackend(Backend):
     def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
@@ -85,6 +91,11 @@ class LegacyBackend(Backend):
             return await self.listens.listen(call)
         if "requestState" in call.params:
             return await self._resume(call)
+        return await self._call(call)
+
+    async def _call(self, call: Call) -> Reply:
+        """A fresh backend request for this call, on a warm session."""
+        method = call.method
         mrtr_capable = call.spec is not None and call.spec.mrtr
         capabilities = self.session_capabilities(call.client_capabilities if mrtr_capable else {})
         wants_logs = call.log_level is not None
@@ -132,24 +143,36 @@ class LegacyBackend(Backend):
     async def _relay(self, call: Call, session: LegacySession, exchange: Exchange,
                      first: Message | None) -> AsyncIterator[Message]:
         settled = False  # the call got its answer, or was parked for an MRTR retry
+        pending: dict[str, Message] = {}  # backend requests to hand to the client together
         try:
             message = first
             while True:
                 if message is None:
                     try:
-                        message = await exchange.next(self.settings.timeout_seconds)
+                        if pending:
+                            # Legacy servers ask for several inputs at once (e.g. elicitation
+                            # and sampling under asyncio.gather); they reach us one SSE event
+                            # at a time. Requests that arrive together become one
+                            # InputRequiredResult (MRTR allows several inputRequests).
+                            message = await exchange.next_within(_GATHER_SECONDS)
+                        else:
+                            message = await exchange.next(self.settings.timeout_seconds)
                     except rpc.McpError as exc:
                         raise _named(exc, self.name).with_id(call.id) from None
+                    if message is None:
+                        settled = True
+                        yield self._park(call, session, exchange, pending)
+                        return
                 method = message.get("method")
                 if method is None:
                     settled = True
                     yield self._final(message, call, session)
                     return
                 if "id" in message:
-                    answer = await self._backend_request(call, session, exchange, message)
-                    if answer is not None:
+                    refusal = await self._backend_request(call, session, exchange, message, pending)
+                    if refusal is not None:
                         settled = True
-                        yield answer
+                        yield refusal
                         return
                 else:
                     relayed = self._notification(call, message)
@@ -161,6 +184,9 @@ class LegacyBackend(Backend):
                 session.cancel_soon(exchange, "the client went away")
 
     def _final(self, message: Message, call: Call, session: LegacySession) -> Message:
+        error = message.get("error")
+        if isinstance(error, dict) and error.get("code") == translate.URL_ELICITATION_REQUIRED:
+            return self._url_elicitation(call, error)
         return translate.result_for_client(message, call.id, call.method, server_info=session.server_info,
                                            ttl_ms=self.settings.default_ttl_ms,
                                            cache_scope=self.settings.default_cache_scope)
@@ -185,9 +211,10 @@ class LegacyBackend(Backend):
         return None
 
     async def _backend_request(self, call: Call, session: LegacySession, exchange: Exchange,
-                               message: Message) -> Message | None:
-        """A backend request on this call's stream. Returns what ends the client's answer
-        (InputRequiredResult or an error), or None when the call goes on."""
+                               message: Message, pending: dict[str, Message]) -> Message | None:
+        """A backend request on this call's stream: added to `pending` (to become an
+        InputRequiredResult), refused upstream, or — when the client lacks the capability —
+        the end of the call, whose error is returned."""
         method = message["method"]
         if method not in translate.INPUT_METHODS or call.spec is None or not call.spec.mrtr:
             # §h.5: only tools/call, prompts/get and resources/read can carry input requests.
@@ -195,15 +222,18 @@ class LegacyBackend(Backend):
                 rpc.METHOD_NOT_FOUND, f"{method} cannot reach the client during {call.method}"))
             return None
         missing = translate.missing_capability(message, call.client_capabilities)
-        if missing is not None:
-            # Never a hang: refuse it upstream, stop the call, tell the client what it lacks.
-            await _respond(session, message["id"], error=(
+        if missing is None:
+            pending[f"r{message['id']}"] = message
+            return None
+        # Never a hang: refuse it (and whatever else waits) upstream, stop the call, tell
+        # the client what it lacks.
+        for refused in (*pending.values(), message):
+            await _respond(session, refused["id"], error=(
                 rpc.MISSING_REQUIRED_CLIENT_CAPABILITY, f"the client did not declare {sorted(missing)[0]}"))
-            session.cancel_soon(exchange, "the client lacks a required capability")
-            err = rpc.missing_capability(missing, call.id)
-            err.message = f"Missing required client capability: backend {self.name!r} sent {method}"
-            return err.to_message()
-        return self._park(call, session, exchange, {f"r{message['id']}": message})
+        session.cancel_soon(exchange, "the client lacks a required capability")
+        err = rpc.missing_capability(missing, call.id)
+        err.message = f"Missing required client capability: backend {self.name!r} sent {method}"
+        return err.to_message()
 
     # -- MRTR ---------------------------------------------------------------------------
 
@@ -222,6 +252,30 @@ class LegacyBackend(Backend):
             "inputRequests": {key: translate.input_request(m) for key, m in pending.items()},
             "requestState": state,
         }
+        return rpc.result_message(call.id, result)  # type: ignore[arg-type]
+
+    def _url_elicitation(self, call: Call, error: dict[str, Any]) -> Message:
+        """Legacy -32042 URLElicitationRequiredError must not reach a modern client (BASIC):
+        it becomes an InputRequiredResult with URL-mode elicitations when the client can
+        take them; the retry re-sends the original request, which the backend now accepts
+        (digest §h.5). Otherwise the client learns which capability it lacks."""
+        requests = translate.url_elicitations(error)
+        if call.spec is None or not call.spec.mrtr or not requests:
+            return translate.result_for_client({"error": error}, call.id, call.method, server_info=None,
+                                               ttl_ms=0, cache_scope="private")
+        missing = translate.missing_capability(next(iter(requests.values())), call.client_capabilities)
+        if missing is not None:
+            err = rpc.missing_capability(missing, call.id)
+            err.message = (f"Missing required client capability: backend {self.name!r} requires a URL "
+                           f"elicitation ({error.get('message') or 'URLElicitationRequiredError'})")
+            return err.to_message()
+        expires = time.time() + self.settings.input_wait_seconds
+        # No continuation: nothing is parked, so any replica may serve the retry ("r").
+        state = self.sealer.seal({
+            "r": True, "b": self.name, "p": mrtr.principal_key(call), "d": mrtr.request_digest(call),
+            "exp": expires, "k": sorted(requests),
+        })
+        result = {"resultType": "input_required", "inputRequests": requests, "requestState": state}
         return rpc.result_message(call.id, result)  # type: ignore[arg-type]
 
     def _expired(self, continuation: mrtr.Continuation) -> None:
@@ -244,6 +298,10 @@ class LegacyBackend(Backend):
             raise rpc.invalid_params(str(exc), call.id) from None
         if state.get("b") != self.name:
             raise rpc.invalid_params("requestState belongs to another backend", call.id)
+        if state.get("r") is True:
+            # After a URL elicitation (-32042): the retry is the original request again.
+            self._check_binding(state, call)
+            return await self._call(call)
         if state.get("o") != self.owner:
             if mrtr.FORWARDED_HEADER in call.headers:
                 raise rpc.invalid_params("requestState refers to a call this replica does not hold", call.id)
@@ -251,10 +309,7 @@ class LegacyBackend(Backend):
             if isinstance(forwarded, dict):
                 return Reply(self.name, status=_status_of(forwarded), message=forwarded)
             return Reply(self.name, stream=forwarded)
-        if state.get("p") != mrtr.principal_key(call):
-            raise rpc.invalid_params("requestState was issued to another principal", call.id)
-        if state.get("d") != mrtr.request_digest(call):
-            raise rpc.invalid_params("requestState was issued for a different request", call.id)
+        self._check_binding(state, call)
         continuation = self.continuations.take(str(state.get("c")))
         if continuation is None:
             raise rpc.invalid_params("requestState refers to a call that expired or was already resumed", call.id)
@@ -272,6 +327,14 @@ class LegacyBackend(Backend):
             # MRTR: missing responses SHOULD get a new InputRequiredResult, not an error.
             return Reply(self.name, message=self._park(call, session, continuation.exchange, unanswered))
         return await self._answer(call, session, continuation.exchange)
+
+
+    @staticmethod
+    def _check_binding(state: dict[str, Any], call: Call) -> None:
+        if state.get("p") != mrtr.principal_key(call):
+            raise rpc.invalid_params("requestState was issued to another principal", call.id)
+        if state.get("d") != mrtr.request_digest(call):
+            raise rpc.invalid_params("requestState was issued for a different request", call.id)
 
 
 async def _respond(session: LegacySession, request_id: Any, *, result: Message | None = None,

@@ -95,6 +95,16 @@ class Exchange:
             return item
         return None
 
+    async def next_within(self, seconds: float) -> Message | None:
+        """The next message if one arrives within `seconds`, else None."""
+        try:
+            item = await asyncio.wait_for(self._queue.get(), seconds)
+        except TimeoutError:
+            return None
+        if isinstance(item, rpc.McpError):
+            raise item
+        return item
+
     async def next(self, timeout: float | None) -> Message:
         try:
             item = await asyncio.wait_for(self._queue.get(), timeout)

@@ -24,6 +24,8 @@ INPUT_METHODS: dict[str, str] = {
     "roots/list": "roots",
 }
 _MODERN_META_PREFIX = "io.modelcontextprotocol/"
+# Legacy URLElicitationRequiredError (2025-11-25 client/elicitation §URL mode); no modern code.
+URL_ELICITATION_REQUIRED = -32042
 # Server capabilities that mean the same in both eras (digest §g); legacy `tasks` and
 # `experimental` are not advertised to modern clients.
 _KEPT_CAPABILITIES = ("tools", "prompts", "resources", "completions", "logging")
@@ -84,7 +86,7 @@ def result_for_client(message: Message, request_id: Any, method: str, *, server_
         error = dict(error)
         if error.get("code") == rpc.LEGACY_RESOURCE_NOT_FOUND:
             error["code"] = rpc.INVALID_PARAMS
-        elif error.get("code") == -32042:
+        elif error.get("code") == URL_ELICITATION_REQUIRED:
             # URLElicitationRequiredError has no modern form without MRTR (BASIC); say it plainly.
             error = {"code": rpc.INTERNAL_ERROR,
                      "message": f"Backend requires a URL elicitation: {error.get('message', '')}".rstrip(": ")}
@@ -126,6 +128,22 @@ def input_request(message: Message) -> dict[str, Any]:
     params.pop("elicitationId", None)
     params.pop("task", None)
     return {"method": message["method"], "params": params}
+
+
+def url_elicitations(error: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The URL elicitations of a legacy -32042 error as modern InputRequests, keyed `url<i>`:
+    `{mode: "url", message, url}`, without the legacy `elicitationId` (CL minor 11). Entries
+    without a URL are skipped: there is nothing a client could open."""
+    data = error.get("data")
+    items = data.get("elicitations") if isinstance(data, dict) else None
+    requests: dict[str, dict[str, Any]] = {}
+    for index, item in enumerate(items if isinstance(items, list) else ()):
+        if not isinstance(item, dict) or not isinstance(item.get("url"), str):
+            continue
+        message = item.get("message") if isinstance(item.get("message"), str) else "Please open this URL"
+        requests[f"url{index}"] = {"method": "elicitation/create",
+                                   "params": {"mode": "url", "message": message, "url": item["url"]}}
+    return requests
 
 
 def missing_capability(message: Message, client_capabilities: dict[str, Any]) -> dict[str, Any] | None:
