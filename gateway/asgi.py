@@ -20,12 +20,14 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 
 def header_dict(scope: Scope) -> dict[str, str]:
     """Request headers with lower-case names and trimmed values (OWS is not part of a field
-    value, RFC 9110 §5.5). A repeated header keeps its first value."""
+    value, RFC 9110 §5.5). Repeated field lines are combined with ", " as RFC 9110 §5.3 says,
+    so a second `Mcp-Method` or `Mcp-Name` can never match the body: an intermediary that
+    reads the other copy cannot be steered past the gateway's header/body check."""
     out: dict[str, str] = {}
     for name, value in scope["headers"]:
         key = name.decode("latin-1").lower()
-        if key not in out:
-            out[key] = value.decode("latin-1").strip(" \t")
+        text = value.decode("latin-1").strip(" \t")
+        out[key] = text if key not in out else f"{out[key]}, {text}"
     return out
 
 

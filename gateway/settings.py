@@ -85,7 +85,10 @@ class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
     command: tuple[str, ...] | None = None
+    # Extra environment for a stdio backend. It inherits only PATH, HOME, locale, TZ, TMPDIR
+    # and user names from the gateway, plus the variables named in `inherit_env`.
     env: dict[str, str] = Field(default_factory=dict)
+    inherit_env: tuple[str, ...] = ()
     era: Literal["auto", "modern", "legacy"] = "auto"
     # Prepended to this backend's tool and prompt names. None: "" with one backend,
     # "<name>__" with several (DESIGN.md, the user-facing contract).

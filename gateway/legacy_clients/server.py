@@ -113,6 +113,11 @@ class LegacyClients:
         if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
             await _send_error(send, rpc.invalid_request("the body must be one JSON-RPC 2.0 message"))
             return
+        if "id" in msg and not _valid_id(msg["id"]):
+            # L-BASIC: an id is a string or an integer, never null. Checked before the id is
+            # used as a key anywhere.
+            await _send_error(send, rpc.invalid_request('"id" must be a string or an integer, never null'))
+            return
         version = headers.get(h.PROTOCOL_VERSION)
         if version is not None and version not in LEGACY_VERSIONS:
             # L-TR §Protocol Version Header: an unsupported value MUST get 400.
@@ -288,7 +293,8 @@ class LegacyClients:
             session.initialized = True
         elif method == "notifications/cancelled" and isinstance(params, dict):
             # L-CAN: stop the work; no response is sent for a cancelled request.
-            task = session.in_flight.get(params.get("requestId"))
+            request_id = params.get("requestId")
+            task = session.in_flight.get(request_id) if _valid_id(request_id) else None
             if task is not None:
                 task.cancel()
         # Anything else (roots/list_changed, progress) has no modern counterpart to feed.
@@ -518,3 +524,7 @@ async def _send_session_not_found(send: asgi.Send, request_id: rpc.RequestId | N
             "Session not found: it ended or expired; send initialize to start a new one",
         ),
     )
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, (str, int)) and not isinstance(value, bool)

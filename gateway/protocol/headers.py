@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _STRICT_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 
 MAX_SAFE_INTEGER = 2**53 - 1
+_DECIMAL = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 
 
 class HeaderValueError(ValueError):
@@ -85,9 +87,13 @@ def values_equal(header_value: str, body_value: Any) -> bool:
     if isinstance(body_value, bool):
         return header_value == ("true" if body_value else "false")
     if isinstance(body_value, (int, float)):
+        # Exact decimal arithmetic: floats would call 2**53 + 1 equal to 2**53, and accept
+        # "nan", "inf" or "1e2" as numbers a header never legitimately carries.
+        if not _DECIMAL.fullmatch(header_value):
+            return False
         try:
-            return float(header_value) == float(body_value)
-        except ValueError:
+            return Decimal(header_value) == Decimal(repr(body_value) if isinstance(body_value, float) else body_value)
+        except InvalidOperation:
             return False
     if isinstance(body_value, str):
         return header_value == body_value

@@ -360,3 +360,19 @@ async def _trigger_tool_change(http: httpx.AsyncClient, url: str, session: str, 
         headers=hdrs(session, accept="application/json"),
     )
     assert response.json()["result"]["content"][0]["text"] == "tool list changed"
+
+
+async def test_ids_that_are_not_strings_or_integers_are_invalid_requests(settings):
+    async with running_gateway(settings) as gw, httpx.AsyncClient() as http:
+        session = await initialize(http, gw.url)
+        for bad in ({"x": 1}, [1], None, True):
+            body = json.dumps({"jsonrpc": "2.0", "id": bad, "method": "tools/list", "params": {}}).encode()
+            response = await http.post(gw.url, content=body, headers=hdrs(session))
+            assert response.status_code == 400, (bad, response.text)
+            assert response.json()["error"]["code"] == -32600
+        # A cancellation naming an unhashable request id is ignored, not a crash.
+        cancel = await http.post(gw.url, content=rpc("notifications/cancelled", {"requestId": [1]}, id=None),
+                                 headers=hdrs(session))
+        assert cancel.status_code == 202
+        ok = await http.post(gw.url, content=rpc("tools/list", {}, id=7), headers=hdrs(session))
+        assert ok.status_code == 200

@@ -417,3 +417,12 @@ async def test_version_before_meta_before_method(gw, client):
     assert_error(response, 400, -32022)
     response = await raw(client, gw, body, mcp_http.headers("made/up"))
     assert_error(response, 400, -32602)
+
+
+async def test_a_repeated_mirrored_header_is_a_header_mismatch(gw, client):
+    # Two Mcp-Method lines: one intermediary may route on the first, another on the last.
+    body = mcp_http.body("tools/list")
+    raw = [(k, v) for k, v in mcp_http.headers("tools/list").items()] + [("mcp-method", "tools/call")]
+    response = await client.post(gw.url, content=orjson.dumps(body), headers=raw)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == -32020

@@ -231,3 +231,20 @@ def test_property_named_like_a_keyword_is_still_a_property():
 )
 def test_extract(arguments, path, value):
     assert h.extract(arguments, path) == value
+
+
+@pytest.mark.parametrize(
+    ("header", "body", "equal"),
+    [
+        ("42", 42, True),
+        ("42.0", 42, True),  # SHTTP §Server Validation: numeric comparison
+        ("-7", -7, True),
+        (str(2**53), 2**53 + 1, False),  # floats would call these equal
+        ("nan", 1, False),
+        ("inf", 10**400, False),
+        ("1e2", 100, False),
+        ("0x10", 16, False),
+    ],
+)
+def test_integer_values_compare_exactly(header, body, equal):
+    assert h.values_equal(header, body) is equal

@@ -41,6 +41,17 @@ from gateway.settings import BackendSettings, GatewaySettings
 log = logging.getLogger("gateway.backends.stdio")
 
 _LINE_LIMIT = 32 * 1024 * 1024
+# What a stdio backend inherits from the gateway's environment. Nothing else passes: the
+# gateway's own environment holds its secrets (MCP_GATEWAY_SECURITY__SECRET signs MRTR state,
+# an HS256 auth secret mints tokens), and a subprocess is often third-party code (SBP:
+# stdio-spawning proxies SHOULD sandbox). `backends[].env` and `inherit_env` add to this.
+_BASE_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME")
+
+
+def child_environment(settings: BackendSettings) -> dict[str, str]:
+    names = (*_BASE_ENVIRONMENT, *settings.inherit_env)
+    inherited = {name: os.environ[name] for name in names if name in os.environ}
+    return {**inherited, **settings.env}
 _MAX_BACKOFF = 30.0
 # A process that ran this long before dying resets the backoff.
 _STABLE_SECONDS = 30.0
@@ -123,7 +134,7 @@ class StdioProcess:
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE, env={**os.environ, **self.env}, limit=_LINE_LIMIT)
+                    stderr=asyncio.subprocess.PIPE, env=self.env, limit=_LINE_LIMIT)
             except OSError as exc:
                 log.error("backend %s: cannot start %r: %s", self.name, self.command[0], exc)
                 reason = f"cannot start {self.command[0]!r}: {exc}"
@@ -232,7 +243,7 @@ class LegacyStdioBackend(LegacyBackend):
         super().__init__(settings, gateway)
         assert settings.command is not None
         self.process = process or StdioProcess(
-            self.name, settings.command, dict(settings.env), backoff=settings.restart_backoff_seconds,
+            self.name, settings.command, child_environment(settings), backoff=settings.restart_backoff_seconds,
             on_message=self._receive, on_exit=self._exited)
         self.process.on_message, self.process.on_exit = self._receive, self._exited
         self._session: StdioSession | None = None
@@ -281,7 +292,7 @@ class ModernStdioBackend(Backend):
         super().__init__(settings)
         assert settings.command is not None
         self.process = process or StdioProcess(
-            self.name, settings.command, dict(settings.env), backoff=settings.restart_backoff_seconds,
+            self.name, settings.command, child_environment(settings), backoff=settings.restart_backoff_seconds,
             on_message=self._receive, on_exit=self._exited)
         self.process.on_message, self.process.on_exit = self._receive, self._exited
         self._ids = itertools.count(1)
@@ -390,7 +401,7 @@ class StdioAutoProbe:
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
         self._answer: asyncio.Future[Message] | None = None
-        self.process = StdioProcess(settings.name, settings.command or (), dict(settings.env),
+        self.process = StdioProcess(settings.name, settings.command or (), child_environment(settings),
                                     backoff=settings.restart_backoff_seconds, on_message=self._probe_message,
                                     on_exit=lambda reason: None)
 
