@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from gateway.cache.entry import Entry, StoreUnavailable
 from gateway.cache.keys import backend_tag
 from gateway.observability import metrics
+from gateway.redis_pubsub import subscribe_forever
 
 log = logging.getLogger("gateway.cache.redis")
 
@@ -249,34 +250,21 @@ class RedisStore:
         self._listener = asyncio.create_task(self._listen(), name="cache-invalidations")
 
     async def _listen(self) -> None:
-        delay = 0.1
-        while True:
-            pubsub = self._sub_client.pubsub()
-            try:
-                await pubsub.subscribe(self.channel)
-                async for message in pubsub.listen():
-                    kind = message.get("type")
-                    if kind == "subscribe":
-                        # Invalidations published while we were not listening are lost: whatever
-                        # the local layer holds may be stale, so it starts empty.
-                        delay = 0.1
-                        if self.on_resync is not None:
-                            self.on_resync()
-                    elif kind == "message":
-                        self._received(message.get("data"))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure means: reconnect later
-                metrics.CACHE_STORE_ERRORS.labels("redis", "subscribe").inc()
-                self._warn(
-                    f"redis cache at {redacted(self.url)}: invalidation channel lost "
-                    f"({type(exc).__name__}: {exc}); reconnecting"
-                )
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        def on_subscribed(after_loss: bool) -> None:
+            # Invalidations published while we were not listening are lost: whatever the local
+            # layer holds may be stale, so it starts empty.
+            if self.on_resync is not None:
+                self.on_resync()
+
+        def on_error(exc: BaseException) -> None:
+            metrics.CACHE_STORE_ERRORS.labels("redis", "subscribe").inc()
+            self._warn(
+                f"redis cache at {redacted(self.url)}: invalidation channel lost "
+                f"({type(exc).__name__}: {exc}); reconnecting"
+            )
+
+        await subscribe_forever(self._sub_client, self.channel, on_message=self._received,
+                                on_subscribed=on_subscribed, on_error=on_error)
 
     def _received(self, data: Any) -> None:
         if self.on_remote_drop is None:

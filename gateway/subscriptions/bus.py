@@ -33,6 +33,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.redis_pubsub import subscribe_forever
+
 log = logging.getLogger("gateway.subscriptions.bus")
 
 Event = dict[str, Any]
@@ -174,39 +176,31 @@ class RedisBus:
 
     async def _listen(self) -> None:
         assert self._handler is not None and self._on_resync is not None
-        delay = 0.1
-        lost = False
-        while True:
-            pubsub = self._sub_client.pubsub()
+        handler, on_resync = self._handler, self._on_resync
+
+        async def on_message(data: Any) -> None:
             try:
-                await pubsub.subscribe(self.channel)
-                self._subscribed.set()
-                delay = 0.1
-                if lost:
-                    # Events published while we were away are gone (pub/sub keeps nothing).
-                    lost = False
-                    await self._on_resync()
-                async for message in pubsub.listen():
-                    if message.get("type") != "message":
-                        continue
-                    try:
-                        event = orjson.loads(message["data"])
-                    except orjson.JSONDecodeError:
-                        log.warning("malformed event on %s dropped", self.channel)
-                        continue
-                    await self._handler(event)
-                raise ConnectionError("subscription ended")
-            except asyncio.CancelledError:
-                raise
-            except self._redis_errors as exc:
-                self._subscribed.clear()
-                lost = True
-                self._trouble("subscribe", exc)
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 5.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                event = orjson.loads(data)
+            except (orjson.JSONDecodeError, TypeError):
+                log.warning("malformed event on %s dropped", self.channel)
+                return
+            if not isinstance(event, dict):
+                log.warning("event on %s is not an object; dropped", self.channel)
+                return
+            await handler(event)
+
+        async def on_subscribed(after_loss: bool) -> None:
+            self._subscribed.set()
+            if after_loss:
+                # Events published while we were away are gone (pub/sub keeps nothing).
+                await on_resync()
+
+        def on_error(exc: BaseException) -> None:
+            self._subscribed.clear()
+            self._trouble("subscribe", exc)
+
+        await subscribe_forever(self._sub_client, self.channel, on_message=on_message, on_subscribed=on_subscribed,
+                                on_error=on_error)
 
     async def publish(self, event: Event) -> None:
         assert self._handler is not None, "bus not started"

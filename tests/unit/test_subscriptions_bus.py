@@ -5,6 +5,7 @@ leaves each replica working alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from gateway.subscriptions.bus import LocalBus, RedisBus
 
@@ -119,3 +120,37 @@ async def test_local_bus_is_a_direct_call():
     await bus.publish({"t": "ack"})
     assert seen == [{"t": "ack"}]
     assert await bus.acquire("any") and not await bus.others_want("any")
+
+
+async def test_a_handler_failure_does_not_end_the_subscription(redis_server):
+    # One bad event (or a bug in a handler) must not silence the replica for good.
+    import redis.asyncio as aioredis
+
+    from gateway.redis_pubsub import subscribe_forever
+
+    client = aioredis.from_url(redis_server.url)
+    seen: list[bytes] = []
+    subscribed = asyncio.Event()
+
+    def on_message(data):
+        if data == b"boom":
+            raise ValueError("handler bug")
+        seen.append(data)
+
+    task = asyncio.create_task(subscribe_forever(client, "t", on_message=on_message,
+                                                 on_subscribed=lambda lost: subscribed.set(),
+                                                 on_error=lambda exc: None))
+    try:
+        await asyncio.wait_for(subscribed.wait(), 10)
+        for payload in (b"boom", b"after"):
+            await client.publish("t", payload)
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == [b"after"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.aclose()
