@@ -706,7 +706,7 @@ def wl_cache_scale(ctx: Context) -> list[Target]:
         except (OSError, ValueError):
             rows.append(f"| {n:,} | - | - | - | - |")
             continue
-        rows.append(f"| {n:,} | {st['fill_seconds']:.1f} | {st['bytes_per_entry']:.0f} | "
+        rows.append(f"| {n:,} | {st['fill_seconds']:.2f} | {st['bytes_per_entry']:.0f} | "
                     f"{st['hit_us_random']:.1f} | {st['hit_us_hot']:.1f} |")
     ctx.notes += ["cache-scale, measured in each gateway process before it served "
                   "(bench/prefilled_gateway.py; StoreCache.fetch without HTTP):", *rows]

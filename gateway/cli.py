@@ -29,7 +29,10 @@ def _with_server(settings: GatewaySettings, **changes: Any) -> GatewaySettings:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: on the plain asyncio loop, accepted connections get TCP_NODELAY only
+    # when the socket's proto says TCP (uvloop sets it regardless). Without it a response's
+    # separate header and body writes wait out Nagle + the client's delayed ACK (~40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)

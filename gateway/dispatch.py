@@ -225,11 +225,11 @@ class Dispatcher:
             reply = await target.backend.send(call)
         except rpc.McpError as exc:
             outcome = _BACKEND_OUTCOMES.get(exc.code, "error")
-            metrics.BACKEND_REQUESTS.labels(backend, method, outcome).inc()
+            metrics.backend_requests_child(backend, method, outcome).inc()
             raise
-        metrics.BACKEND_SECONDS.labels(backend, method).observe(time.perf_counter() - started)
+        metrics.backend_seconds_child(backend, method).observe(time.perf_counter() - started)
         outcome = "error" if reply.message is not None and "error" in reply.message else "ok"
-        metrics.BACKEND_REQUESTS.labels(backend, method, outcome).inc()
+        metrics.backend_requests_child(backend, method, outcome).inc()
         return reply
 
     async def _final(self, target: Target, call: Call) -> Message:

@@ -59,6 +59,27 @@ class UpstreamResponse:
         finally:
             self._response.close()
 
+    async def events(self, decoder: sse.Decoder) -> AsyncIterator[tuple[str, str]]:
+        """(event type, data) pairs of an SSE body as they arrive; `decoder` keeps the last
+        event id and `retry:` for a reader that resumes. Ends at the end of the body; the
+        caller releases or closes the response."""
+        async for chunk in self._response.content.iter_any():
+            for event in decoder.feed(chunk):
+                yield event
+
+    async def finish(self, timeout: float) -> None:
+        """Read what is left of the body and give the connection back to the pool, or close
+        it when the body does not end within `timeout` (a stream the backend keeps open)."""
+        try:
+            await asyncio.wait_for(self._response.read(), timeout)
+        except (asyncio.TimeoutError, aiohttp.ClientError):
+            self._response.close()
+        except asyncio.CancelledError:
+            self._response.close()
+            raise
+        else:
+            self._response.release()
+
     def close(self) -> None:
         self._response.close()
 
@@ -86,10 +107,16 @@ class UpstreamClient:
                    request_id: rpc.RequestId | None = None) -> UpstreamResponse:
         """Send the request and return once the response headers are in. Raises McpError
         (-31001 unavailable, -31002 timeout) naming the backend."""
+        return await self.request("POST", url, headers, body=body, read_timeout=read_timeout, request_id=request_id)
+
+    async def request(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
+                      read_timeout: float | None, request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+        """Any method (the legacy transport also GETs its streams and DELETEs its session)."""
         session = self._session or self._open()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout, sock_read=read_timeout)
         try:
-            response = await session.post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
+            response = await session.request(method, url, data=body, headers=headers, timeout=timeout,
+                                             allow_redirects=False)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
             connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
             raise rpc.backend_timeout(

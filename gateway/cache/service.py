@@ -231,7 +231,7 @@ class StoreCache:
 
     @staticmethod
     def _count(call: Call, scope: str, outcome: Outcome) -> Outcome:
-        metrics.CACHE_LOOKUPS.labels(call.method, scope, outcome).inc()
+        metrics.cache_lookups_child(call.method, scope, outcome).inc()
         return outcome
 
     # -- invalidation (called by the subscription hub and the operator CLI) ------------------

@@ -6,6 +6,8 @@ backends from config, outcomes from small fixed sets. Never a tool name, URI or 
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.protocol.methods import METHODS
@@ -37,18 +39,46 @@ BACKEND_SECONDS = Histogram(
 )
 
 
+class Children:
+    """`metric.labels(*values)`, memoized. `labels()` validates, builds a key and takes the
+    metric's lock on every call; the label sets here are bounded (module docstring), so each
+    child is looked up once and kept (with five metric updates per request this saved ~10 µs
+    per pass-through call, bench/README.md "Profile")."""
+
+    __slots__ = ("_metric", "_children")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
+requests_child = Children(REQUESTS)
+request_seconds_child = Children(REQUEST_SECONDS)
+backend_requests_child = Children(BACKEND_REQUESTS)
+backend_seconds_child = Children(BACKEND_SECONDS)
+
+
 def method_label(method: str | None) -> str:
     return method if method in METHODS else "other"
 
 
 def status_label(status: int) -> str:
     return f"{status // 100}xx"
+
+
 CACHE_LOOKUPS = Counter(
     "mcp_gateway_cache_lookups_total",
     "Cacheable backend calls by method, applied cache scope (public, private, none) and outcome "
     "(hit, miss, stale, bypass).",
     ["method", "scope", "outcome"],
 )
+cache_lookups_child = Children(CACHE_LOOKUPS)
 CACHE_STORE_ERRORS = Counter(
     "mcp_gateway_cache_store_errors_total",
     "Cache store operations that failed; the request went on without the cache.",

@@ -36,6 +36,6 @@ class RequestTelemetry:
             await self.app(scope, receive, send_wrapper)
         finally:
             metrics.IN_FLIGHT.dec()
-            metrics.REQUESTS.labels(method, metrics.status_label(status)).inc()
-            metrics.REQUEST_SECONDS.labels(method).observe(time.perf_counter() - started)
+            metrics.requests_child(method, metrics.status_label(status)).inc()
+            metrics.request_seconds_child(method).observe(time.perf_counter() - started)
             tracing.end_request_span(span, status)

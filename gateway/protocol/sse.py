@@ -34,16 +34,20 @@ class Decoder:
     (httpx-sse parses an httpx response) or own the connection and its reconnects
     (aiohttp-sse-client); the gateway needs a parser over the bytes of an upstream response it
     already holds, with no reconnection (modern streams are not resumable). `id:` and `retry:`
-    are parsed and dropped: the gateway never resumes a modern stream.
+    are kept in `last_event_id` and `retry_ms` for the one reader that resumes: the legacy
+    backend transport (GET + Last-Event-ID, L-TR §Resumability); modern relaying ignores them.
     """
 
-    __slots__ = ("_buffer", "_data", "_event", "_has_data")
+    __slots__ = ("_buffer", "_data", "_event", "_has_data", "_id", "last_event_id", "retry_ms")
 
     def __init__(self) -> None:
         self._buffer = b""
         self._data: list[str] = []
         self._event = ""
         self._has_data = False
+        self._id: str | None = None
+        self.last_event_id: str | None = None
+        self.retry_ms: int | None = None
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
         events: list[tuple[str, str]] = []
@@ -71,6 +75,10 @@ class Decoder:
 
     def _line(self, line: str) -> tuple[str, str] | None:
         if not line:
+            # WHATWG dispatch: the last event id is taken even from an event without data
+            # (a legacy priming event is exactly that).
+            if self._id is not None:
+                self.last_event_id = self._id
             if not self._has_data:
                 self._event = ""
                 return None
@@ -87,4 +95,8 @@ class Decoder:
             self._has_data = True
         elif field == "event":
             self._event = value
+        elif field == "id" and "\0" not in value:
+            self._id = value
+        elif field == "retry" and value.isdigit():
+            self.retry_ms = int(value)
         return None

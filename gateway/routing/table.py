@@ -44,6 +44,8 @@ class RouteTable:
         self._uris: dict[str, Target] = {}
         self._uri_templates: list[tuple[str, Target]] = []
         self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
+        # Per backend: the last tools list filtered (held, so `is` is a sound test) and its result.
+        self._filtered: dict[str, tuple[list[Any], list[Any]]] = {}
 
     # -- names ----------------------------------------------------------------------------
 
@@ -91,6 +93,17 @@ class RouteTable:
     def filter_tools(self, target: Target, tools: list[Any]) -> list[Any]:
         """Drop tools whose `x-mcp-header` annotations are invalid (SHTTP: HTTP clients MUST
         reject them, so the gateway never offers them) and remember the valid annotations."""
+        last = self._filtered.get(target.backend.name)
+        if last is not None and last[0] is tools:
+            # The very list filtered last time: a cache hit hands out the stored list object,
+            # and stored messages are never mutated (cache/policy.py `with_hints`). Walking
+            # every schema again was a third of a cached tools/list (bench/README.md).
+            return last[1]
+        kept = self._filter_tools(target, tools)
+        self._filtered[target.backend.name] = (tools, kept)
+        return kept
+
+    def _filter_tools(self, target: Target, tools: list[Any]) -> list[Any]:
         index = self._param_headers.setdefault(target.backend.name, {})
         kept = []
         for tool in tools:

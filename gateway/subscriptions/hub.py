@@ -53,6 +53,10 @@ class ClientListen:
     """One client's listen stream: the sink the upstreams fan out to, and the async iterator
     of messages the endpoint relays as SSE (the ack, notifications, maybe the final result)."""
 
+    # `__anext__` may be cancelled while it waits (a keep-alive timeout) and called again
+    # without losing a message: the endpoint then reads it directly, with no pump task.
+    cancel_safe_next = True
+
     def __init__(self, hub: SubscriptionHub, listen_id: rpc.RequestId, principal: str, queue_size: int,
                  owner: asyncio.Task[Any] | None) -> None:
         self.hub = hub

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.procs import ROOT, Proc, gateway_process, python_server
+from tests.support.legacy_venv import legacy_server
+from tests.support.procs import ROOT, Proc, gateway_process
 
 BASELINES = ROOT / "tests" / "conformance"
 
@@ -38,6 +39,30 @@ def test_modern_fixture_through_gateway(conformance_backend, tmp_path):
     gateway = gateway_in_front_of(conformance_backend.url, tmp_path, era="modern").start()
     try:
         result = run_suite(gateway.url, "2026-07-28", BASELINES / "baseline-modern.txt", tmp_path / "out")
+    finally:
+        gateway.stop()
+    summary = result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.returncode == 0, f"conformance failures through the gateway:\n{summary}\n{gateway.output()[-3000:]}"
+    assert "Scenarios:" in result.stdout, summary
+
+
+@pytest.fixture(scope="module")
+def legacy_conformance_backend():
+    """tests/fixtures/servers/legacy_conformance.py (mcp==1.30.0, stateful SSE, event store)."""
+    proc = legacy_server(script="legacy_conformance.py", name="legacy-conformance").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("era", ["auto", "legacy"])
+def test_legacy_fixture_through_gateway(legacy_conformance_backend, tmp_path, era):
+    """The modern suite through the gateway onto an initialize-era backend: the legacy bridge
+    (docs/legacy.md) must make it look modern; the baseline lists only what no bridge can do."""
+    gateway = gateway_in_front_of(legacy_conformance_backend.url, tmp_path, era=era).start()
+    try:
+        result = run_suite(gateway.url, "2026-07-28", BASELINES / "baseline-legacy.txt", tmp_path / "out")
     finally:
         gateway.stop()
     summary = result.stdout[-6000:] + result.stderr[-3000:]

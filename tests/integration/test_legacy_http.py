@@ -212,19 +212,17 @@ async def test_session_expiry_reinitializes_and_replays(legacy_python: str) -> N
 
 
 async def test_warm_call_costs_one_upstream_post(stateful_backend: Proc) -> None:
-    async with running_gateway({"backends": [{"name": "old", "url": stateful_backend.url}]}) as gw:
-        legacy = gw.runtime.backends[0]._delegates["legacy"]
-        posts: list[str] = []
-
-        async def count(request) -> None:  # noqa: ANN001
-            posts.append(request.method)
-
-        legacy._client.event_hooks["request"].append(count)
+    # The fixture counts the requests that reach its MCP endpoint (GET /requests).
+    counts = f"http://127.0.0.1:{stateful_backend.port}/requests"
+    async with running_gateway({"backends": [{"name": "old", "url": stateful_backend.url}]}) as gw, \
+            httpx.AsyncClient() as http:
         async with mcp.Client(gw.url, mode=MODERN) as client:
             await client.call_tool("echo", {"text": "warm-up"})
-            posts.clear()
+            before = (await http.get(counts)).json()
             await client.call_tool("echo", {"text": "warm"})
-        assert posts == ["POST"]
+            after = (await http.get(counts)).json()
+        assert {method: after[method] - before.get(method, 0) for method in after
+                if after[method] != before.get(method, 0)} == {"POST": 1}
 
 
 async def test_sdk2_legacy_leg_pinned(tmp_path: Path) -> None:

@@ -38,7 +38,9 @@ async def running_gateway(settings: GatewaySettings | dict[str, Any], *, discove
                           ) -> AsyncIterator[RunningGateway]:
     if isinstance(settings, dict):
         settings = load_settings(None, **settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY only when the socket's proto says TCP; without it
+    # every answer of this in-process gateway waits out Nagle + delayed ACK (~40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

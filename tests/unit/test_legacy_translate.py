@@ -93,3 +93,16 @@ def test_log_level_threshold() -> None:
     assert translate.log_level_passes("warning", "warning")
     assert not translate.log_level_passes("info", "warning")
     assert not translate.log_level_passes("nonsense", "debug")
+
+
+def test_url_elicitations_become_modern_url_input_requests() -> None:
+    error = {"code": -32042, "message": "URL elicitation required", "data": {"elicitations": [
+        {"mode": "url", "message": "Sign in", "url": "https://auth.example/a", "elicitationId": "e1"},
+        {"mode": "url", "message": "no url here", "elicitationId": "e2"},
+        "garbage",
+    ]}}
+    assert translate.url_elicitations(error) == {
+        "url0": {"method": "elicitation/create",
+                 "params": {"mode": "url", "message": "Sign in", "url": "https://auth.example/a"}},
+    }
+    assert translate.url_elicitations({"code": -32042, "message": "x"}) == {}

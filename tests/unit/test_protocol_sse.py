@@ -54,3 +54,18 @@ def test_any_chunking_yields_the_same_events(payloads, step):
     whole = decode_all(stream)
     chunked = decode_all(*(stream[i : i + step] for i in range(0, len(stream), step)))
     assert whole == chunked == [("message", p) for p in payloads]
+
+
+def test_last_event_id_and_retry_are_kept_for_resumption():
+    # A legacy priming event (id, empty data, retry): an event with empty data, which readers
+    # skip, and the id the stream resumes from.
+    decoder = sse.Decoder()
+    assert decoder.feed(b"id: 7\r\ndata: \r\nretry: 250\r\n\r\n") == [("message", "")]
+    assert decoder.feed(b"id: 7b\r\n\r\n") == []  # no data: nothing dispatched, the id still counts
+    assert decoder.last_event_id == "7b"
+    decoder.feed(b"id: 7\r\n\r\n")
+    assert (decoder.last_event_id, decoder.retry_ms) == ("7", 250)
+    assert decoder.feed(b"id: 8\r\nevent: message\r\ndata: {}\r\n\r\n") == [("message", "{}")]
+    assert decoder.last_event_id == "8"
+    decoder.feed(b"id: 9\nretry: soon\n")  # not dispatched yet; a non-numeric retry is ignored
+    assert (decoder.last_event_id, decoder.retry_ms) == ("8", 250)

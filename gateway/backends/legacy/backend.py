@@ -125,38 +125,50 @@ class LegacyBackend(Backend):
     # -- relaying one exchange ----------------------------------------------------------
 
     async def _answer(self, call: Call, session: LegacySession, exchange: Exchange) -> Reply:
-        """Wait for the first message: a lone response becomes a plain JSON reply (the common
-        case: no stream to relay), anything else starts a stream."""
+        """Read until the answer's shape is known. A lone response becomes a plain JSON reply
+        (the common case), and so does an answer that starts with backend requests: an
+        InputRequiredResult, or -32021 with its HTTP 400 (SEP-2575), which a stream already
+        begun with 200 could no longer carry. Anything else starts a stream."""
+        pending: dict[str, Message] = {}
         try:
-            first = await exchange.next(self.settings.timeout_seconds)
+            message = await exchange.next(self.settings.timeout_seconds)
+            while "method" in message and "id" in message:
+                refusal = await self._backend_request(call, session, exchange, message, pending)
+                if refusal is not None:
+                    return Reply(self.name, status=_status_of(refusal), message=refusal)
+                following = await self._next(exchange, pending)
+                if following is None:
+                    return Reply(self.name, message=self._park(call, session, exchange, pending))
+                message = following
         except asyncio.CancelledError:
             session.cancel_soon(exchange, "the client went away")
             raise
         except rpc.McpError as exc:
             session.cancel_soon(exchange, exc.message)
             raise _named(exc, self.name).with_id(call.id) from None
-        if "method" not in first:
-            final = self._final(first, call, session)
+        if "method" not in message:
+            final = self._final(message, call, session)
             return Reply(self.name, status=_status_of(final), message=final)
-        return Reply(self.name, stream=self._relay(call, session, exchange, first))
+        return Reply(self.name, stream=self._relay(call, session, exchange, message, pending))
+
+    async def _next(self, exchange: Exchange, pending: dict[str, Message]) -> Message | None:
+        """The next message of the exchange; None when backend requests are pending and no
+        more arrive within the gathering window. Legacy servers ask for several inputs at
+        once (e.g. elicitation and sampling under asyncio.gather), which reach us one SSE
+        event at a time: requests that arrive together become one InputRequiredResult."""
+        if pending:
+            return await exchange.next_within(_GATHER_SECONDS)
+        return await exchange.next(self.settings.timeout_seconds)
 
     async def _relay(self, call: Call, session: LegacySession, exchange: Exchange,
-                     first: Message | None) -> AsyncIterator[Message]:
+                     first: Message | None, pending: dict[str, Message]) -> AsyncIterator[Message]:
         settled = False  # the call got its answer, or was parked for an MRTR retry
-        pending: dict[str, Message] = {}  # backend requests to hand to the client together
         try:
             message = first
             while True:
                 if message is None:
                     try:
-                        if pending:
-                            # Legacy servers ask for several inputs at once (e.g. elicitation
-                            # and sampling under asyncio.gather); they reach us one SSE event
-                            # at a time. Requests that arrive together become one
-                            # InputRequiredResult (MRTR allows several inputRequests).
-                            message = await exchange.next_within(_GATHER_SECONDS)
-                        else:
-                            message = await exchange.next(self.settings.timeout_seconds)
+                        message = await self._next(exchange, pending)
                     except rpc.McpError as exc:
                         raise _named(exc, self.name).with_id(call.id) from None
                     if message is None:

@@ -6,6 +6,11 @@ that may carry notifications and backend requests before the response. A stream 
 before its response is resumed with GET + `Last-Event-ID`, honouring `retry:` (L-TR
 §Resumability), so that the modern client never notices. The optional GET stream carries
 messages unrelated to any request.
+
+Bytes move over the same aiohttp pool as modern backends (`gateway/backends/upstream.py`,
+where the reason is profiled): a warm call is one POST on a kept-alive connection. A POST
+stream is read to its end after the response (the backend SHOULD close it then), so that its
+connection goes back to the pool instead of being torn down.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import asyncio
 import logging
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
-from httpx_sse import EventSource
 
 from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
+from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
 
 log = logging.getLogger("gateway.backends.legacy.http")
 
@@ -27,6 +33,10 @@ _ACCEPT = "application/json, text/event-stream"
 # The header only exists from 2025-06-18 on (0326-TR); older sessions get none.
 _VERSIONED = frozenset({"2025-06-18", "2025-11-25"})
 _MAX_RESUMES = 3
+# After its response, how long a POST stream may take to end before its connection is closed
+# rather than reused (L-TR: the server SHOULD end the stream after the response).
+_STREAM_END_SECONDS = 1.0
+_READ_ERRORS = (asyncio.TimeoutError, aiohttp.ClientError)
 
 
 class NoListenStream(Exception):
@@ -35,7 +45,7 @@ class NoListenStream(Exception):
 
 class HttpSession(LegacySession):
     def __init__(self, backend: str, capabilities: dict[str, Any], on_notification: NotificationSink, *,
-                 client: httpx.AsyncClient, url: str, headers: dict[str, str], timeout: float,
+                 client: UpstreamClient, url: str, headers: dict[str, str], timeout: float,
                  connect_timeout: float) -> None:
         super().__init__(backend, capabilities, on_notification)
         self.client = client
@@ -46,6 +56,12 @@ class HttpSession(LegacySession):
         self.session_id: str | None = None
         self._readers: dict[int, asyncio.Task[None]] = {}
 
+    @property
+    def keeps_state(self) -> bool:
+        # L-TR §Session Management: no MCP-Session-Id means every request stands alone, so a
+        # resources/subscribe is forgotten at once and a GET stream belongs to nobody.
+        return self.session_id is not None
+
     def _headers(self, *, initialize: bool = False) -> dict[str, str]:
         headers = {"content-type": "application/json", "accept": _ACCEPT, **self.static_headers}
         if not initialize:
@@ -55,20 +71,11 @@ class HttpSession(LegacySession):
                 headers["mcp-protocol-version"] = self.version
         return headers
 
-    async def _post(self, message: Message, *, initialize: bool = False,
-                    read_timeout: float | None = None) -> httpx.Response:
-        request = self.client.build_request(
-            "POST", self.url, content=orjson.dumps(message), headers=self._headers(initialize=initialize),
-            timeout=httpx.Timeout(read_timeout if read_timeout is not None else self.timeout,
-                                  connect=self.connect_timeout))
-        try:
-            response = await self.client.send(request, stream=True)
-        except httpx.TimeoutException:
-            raise rpc.backend_timeout(self.backend, self.connect_timeout) from None
-        except httpx.HTTPError as exc:
-            raise rpc.backend_unavailable(self.backend, f"{type(exc).__name__}: {exc}") from None
-        if response.status_code == 404 and self.session_id is not None and not initialize:
-            await response.aclose()
+    async def _post(self, message: Message, *, initialize: bool = False) -> UpstreamResponse:
+        response = await self.client.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
+                                          read_timeout=self.timeout)
+        if response.status == 404 and self.session_id is not None and not initialize:
+            response.close()
             raise SessionExpired(self.session_id)
         return response
 
@@ -86,7 +93,7 @@ class HttpSession(LegacySession):
 
     async def _send_request(self, exchange: Exchange, message: Message) -> None:
         response = await self._post(message)
-        if _is_sse(response):
+        if response.content_type == "text/event-stream":
             task = asyncio.ensure_future(self._read_stream(response, exchange))
             self._readers[exchange.backend_id] = task
             task.add_done_callback(lambda _t, bid=exchange.backend_id: self._readers.pop(bid, None))
@@ -96,13 +103,12 @@ class HttpSession(LegacySession):
     async def _send(self, message: Message) -> None:
         response = await self._post(message)
         try:
-            if response.status_code >= 400:
-                body = await response.aread()
-                raise rpc.backend_protocol_error(
-                    self.backend, f"HTTP {response.status_code} for {message.get('method') or 'a response'}: "
-                                  f"{body[:200]!r}")
-        finally:
-            await response.aclose()
+            body = await response.read()  # usually 202 and empty: the connection goes back to the pool
+        except _READ_ERRORS as exc:
+            raise rpc.backend_unavailable(self.backend, describe(exc)) from None
+        if response.status >= 400:
+            raise rpc.backend_protocol_error(
+                self.backend, f"HTTP {response.status} for {message.get('method') or 'a response'}: {body[:200]!r}")
 
     def mark_expired(self) -> None:
         self.session_id = None
@@ -119,25 +125,25 @@ class HttpSession(LegacySession):
             return
         # L-TR: SHOULD DELETE when done; 405 (termination not allowed) is fine.
         try:
-            await self.client.delete(self.url, headers=self._headers(), timeout=self.connect_timeout)
-        except httpx.HTTPError as exc:
+            response = await self.client.request("DELETE", self.url, self._headers(),
+                                                 read_timeout=self.connect_timeout)
+            await response.read()
+        except (rpc.McpError, *_READ_ERRORS) as exc:
             log.debug("backend %s: DELETE of session failed: %s", self.backend, exc)
 
     # -- reading ----------------------------------------------------------------------------
 
-    async def _consume(self, response: httpx.Response, exchange: Exchange, *, resume: bool) -> None:
+    async def _consume(self, response: UpstreamResponse, exchange: Exchange, *, resume: bool) -> None:
         """A POST answer: JSON (read whole), SSE (read to the response) or an HTTP error."""
-        if _is_sse(response):
+        if response.content_type == "text/event-stream":
             await self._read_stream(response, exchange, resume=resume)
             return
         try:
-            body = await response.aread()
-        except httpx.HTTPError as exc:
-            exchange.fail(rpc.backend_unavailable(self.backend, f"{type(exc).__name__}: {exc}"))
+            body = await response.read()
+        except _READ_ERRORS as exc:
+            exchange.fail(rpc.backend_unavailable(self.backend, describe(exc)))
             return
-        finally:
-            await response.aclose()
-        status = response.status_code
+        status = response.status
         try:
             message: Any = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
@@ -153,35 +159,35 @@ class HttpSession(LegacySession):
             exchange.fail(rpc.backend_protocol_error(
                 self.backend, f"HTTP {status} without a JSON-RPC answer for {exchange.method}"))
 
-    async def _read_stream(self, response: httpx.Response, exchange: Exchange, *, resume: bool = True) -> None:
-        last_event_id: str | None = None
-        retry_ms: int | None = None
+    async def _read_stream(self, response: UpstreamResponse, exchange: Exchange, *, resume: bool = True) -> None:
+        decoder = sse.Decoder()
         for attempt in range(_MAX_RESUMES + 1):
+            finished = False  # the response arrived: let the stream end and keep the connection
             try:
-                async for event in EventSource(response).aiter_sse():
-                    if event.id:
-                        last_event_id = event.id
-                    if event.retry is not None:
-                        retry_ms = event.retry
-                    if not event.data or event.event not in ("message", ""):
+                async for event, data in response.events(decoder):
+                    if not data or event != "message":
                         continue  # priming events (id, empty data), unknown types
-                    self._deliver(event.data, exchange)
+                    self._deliver(data, exchange)
                     if exchange.done:
+                        finished = True
                         return
-            except httpx.TimeoutException:
+            except asyncio.TimeoutError:
                 exchange.fail(rpc.backend_timeout(self.backend, self.timeout))
                 return
-            except httpx.HTTPError as exc:
-                log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, exc)
+            except aiohttp.ClientError as exc:
+                log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, describe(exc))
             finally:
-                await response.aclose()
-            if exchange.done or not resume or last_event_id is None or attempt == _MAX_RESUMES:
+                if finished:
+                    self.spawn(response.finish(_STREAM_END_SECONDS))
+                else:
+                    response.close()
+            if exchange.done or not resume or decoder.last_event_id is None or attempt == _MAX_RESUMES:
                 break
             # L-TR: the server may close the connection without ending the stream; poll with
             # GET + Last-Event-ID after the `retry` it asked for.
-            await asyncio.sleep((retry_ms or 0) / 1000)
+            await asyncio.sleep((decoder.retry_ms or 0) / 1000)
             try:
-                response = await self._get(last_event_id)
+                response = await self._get(decoder.last_event_id)
             except (rpc.McpError, SessionExpired, NoListenStream) as exc:
                 exchange.fail(rpc.backend_unavailable(self.backend, f"could not resume the stream: {exc}"))
                 return
@@ -201,37 +207,35 @@ class HttpSession(LegacySession):
             if isinstance(item, dict):
                 self.route(item, origin)
 
-    async def _get(self, last_event_id: str | None = None) -> httpx.Response:
+    async def _get(self, last_event_id: str | None = None) -> UpstreamResponse:
         headers = self._headers()
         headers["accept"] = "text/event-stream"
         headers.pop("content-type", None)
         if last_event_id is not None:
             headers["last-event-id"] = last_event_id
-        request = self.client.build_request("GET", self.url, headers=headers,
-                                            timeout=httpx.Timeout(None, connect=self.connect_timeout))
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise rpc.backend_unavailable(self.backend, f"GET stream: {type(exc).__name__}: {exc}") from None
-        if response.status_code == 404 and self.session_id is not None:
-            await response.aclose()
+            response = await self.client.request("GET", self.url, headers, read_timeout=None)
+        except rpc.McpError as exc:
+            raise rpc.backend_unavailable(self.backend, f"GET stream: {exc.message}") from None
+        if response.status == 404 and self.session_id is not None:
+            response.close()
             raise SessionExpired(self.session_id)
-        if response.status_code == 405 or (response.status_code < 300 and not _is_sse(response)):
-            await response.aclose()
+        if response.status == 405 or (response.status < 300 and response.content_type != "text/event-stream"):
+            response.close()
             raise NoListenStream()
-        if response.status_code >= 300:
-            await response.aclose()
-            raise rpc.backend_unavailable(self.backend, f"GET stream: HTTP {response.status_code}")
+        if response.status >= 300:
+            response.close()
+            raise rpc.backend_unavailable(self.backend, f"GET stream: HTTP {response.status}")
         return response
 
     async def listen_stream(self, connected: asyncio.Event) -> None:
         """Hold the GET stream open (L-TR §Listening) until cancelled, reconnecting with
         Last-Event-ID. Raises NoListenStream (405) or SessionExpired (404)."""
-        last_event_id: str | None = None
+        decoder = sse.Decoder()
         delay = 0.1
         while not self.closed:
             try:
-                response = await self._get(last_event_id)
+                response = await self._get(decoder.last_event_id)
             except rpc.McpError as exc:
                 log.info("backend %s: GET stream unavailable: %s", self.backend, exc.message)
                 await asyncio.sleep(delay)
@@ -240,20 +244,13 @@ class HttpSession(LegacySession):
             connected.set()
             delay = 0.1
             try:
-                async for event in EventSource(response).aiter_sse():
-                    if event.id:
-                        last_event_id = event.id
-                    if event.retry is not None:
-                        delay = event.retry / 1000
-                    if event.data and event.event in ("message", ""):
-                        self._deliver(event.data, None)
-            except httpx.HTTPError as exc:
-                log.info("backend %s: GET stream dropped: %s", self.backend, exc)
+                async for event, data in response.events(decoder):
+                    if data and event == "message":
+                        self._deliver(data, None)
+            except _READ_ERRORS as exc:
+                log.info("backend %s: GET stream dropped: %s", self.backend, describe(exc))
             finally:
-                await response.aclose()
+                response.close()
+            if decoder.retry_ms is not None:
+                delay = decoder.retry_ms / 1000
             await asyncio.sleep(delay)
-
-
-def _is_sse(response: httpx.Response) -> bool:
-    return response.headers.get("content-type", "").split(";", 1)[0].strip().lower() == "text/event-stream"
-

@@ -6,11 +6,10 @@ import asyncio
 import logging
 from typing import Any
 
-import httpx
-
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
+from gateway.backends.upstream import UpstreamClient
 from gateway.settings import BackendSettings, GatewaySettings
 
 log = logging.getLogger("gateway.backends.legacy.http")
@@ -19,30 +18,19 @@ log = logging.getLogger("gateway.backends.legacy.http")
 class LegacyHttpBackend(LegacyBackend):
     """A legacy Streamable HTTP backend (2025-03-26 … 2025-11-25)."""
 
-    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None, *,
-                 client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
         super().__init__(settings, gateway)
         assert settings.url is not None
         self.url = settings.url
-        self._client = client
-
-    async def start(self) -> None:
-        if self._client is None:
-            s = self.settings
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds),
-                limits=httpx.Limits(max_connections=s.max_connections,
-                                    max_keepalive_connections=s.max_connections),
-                follow_redirects=False, trust_env=False)
-        await super().start()
+        # The same pooled aiohttp client as modern backends (upstream.py says why not httpx).
+        self._client = UpstreamClient(settings.name, max_connections=settings.max_connections,
+                                      connect_timeout=settings.connect_timeout_seconds)
 
     async def aclose(self) -> None:
         await super().aclose()
-        if self._client is not None:
-            await self._client.aclose()
+        await self._client.aclose()
 
     def _new_session(self, capabilities: dict[str, Any]) -> HttpSession:
-        assert self._client is not None, "backend not started"
         return HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, url=self.url,
                            headers=dict(self.settings.headers), timeout=self.settings.timeout_seconds,
                            connect_timeout=self.settings.connect_timeout_seconds)

@@ -103,6 +103,10 @@ class LegacyListens:
             caps = session.server_capabilities
             has_channel = self._has_channel and (self._channel is None or not self._channel.done())
             agreed: dict[str, Any] = {}
+            if not session.keeps_state:
+                # A stateless backend: nothing to subscribe on, no channel to listen to; the
+                # ack promises nothing (SUB: the ack is the subset that will be honoured).
+                requested = {}
             for flag, (capability, _) in _LIST_FLAGS.items():
                 if requested.get(flag) is True and has_channel and (caps.get(capability) or {}).get("listChanged"):
                     agreed[flag] = True
@@ -137,7 +141,8 @@ class LegacyListens:
             await self._stop_channel()
             self._session = session
             self.backend.pool.pinned.add(session)
-            self._has_channel, self._channel = await self.backend.open_channel(session)
+            if session.keeps_state:
+                self._has_channel, self._channel = await self.backend.open_channel(session)
         return session
 
     @property

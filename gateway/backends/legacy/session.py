@@ -170,6 +170,12 @@ class LegacySession(abc.ABC):
         return info if isinstance(info, dict) else None
 
     @property
+    def keeps_state(self) -> bool:
+        """Whether the backend remembers this session between requests: what subscriptions
+        and a notification channel depend on (a stateless HTTP backend mints no session)."""
+        return True
+
+    @property
     def in_flight(self) -> int:
         return len(self._exchanges)
 
