@@ -192,7 +192,7 @@ class Dispatcher:
             reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
             return reply
         message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
-        return Reply(target.backend.name, status=_status_of(message), message=message,
+        return Reply(target.backend.name, status=rpc.http_status_of(message), message=message,
                      headers=_cache_header([outcome]))
 
     async def _complete(self, call: Call) -> Reply:
@@ -318,18 +318,6 @@ def _joined_instructions(table: RouteTable, results: list[Message]) -> str | Non
     if len(table.targets) == 1:
         return parts[0]
     return "\n\n".join(parts)
-
-
-def _status_of(message: Message) -> int:
-    error = message.get("error")
-    if isinstance(error, dict):
-        code = error.get("code")
-        if code == rpc.METHOD_NOT_FOUND:
-            return 404
-        if code in (rpc.INVALID_PARAMS, rpc.INVALID_REQUEST, rpc.HEADER_MISMATCH, rpc.UNSUPPORTED_PROTOCOL_VERSION,
-                    rpc.MISSING_REQUIRED_CLIENT_CAPABILITY):
-            return 400
-    return 200
 
 
 def _cache_header(outcomes: list[Outcome]) -> list[tuple[bytes, bytes]] | None:
