@@ -1,7 +1,8 @@
 """Benchmark harness: direct backend vs nginx vs mcp-gateway, measured in the same run.
 
     /work/.venv/bin/python bench/run.py                      # all default workloads, 3 x 10 s
-    /work/.venv/bin/python bench/run.py --quick              # CI smoke: 3 x 1 s per target
+    /work/.venv/bin/python bench/run.py --quick              # 3 x 1 s per target
+    /work/.venv/bin/python bench/run.py --smoke              # CI: every workload, smallest size
     /work/.venv/bin/python bench/run.py --workloads passthrough-call,tools-list
     /work/.venv/bin/python bench/run.py --list               # what workloads exist
 

@@ -111,13 +111,21 @@ class BackendSettings(_Frozen):
     # adds these to their cacheable results (digest §e: the hints are required).
     default_ttl_ms: Annotated[int, Field(ge=0)] = 0
     default_cache_scope: Literal["private", "public"] = "private"
-    # Live initialized sessions per backend (one per client-capability set in use); the least
-    # recently used idle one is closed (DELETE) to make room.
+    # Live initialized sessions per backend (one per client-capability set in use), busy ones
+    # included; the least recently used idle one is closed (DELETE) to make room, and a call
+    # that finds none free within connect_timeout_seconds fails with -31004.
     session_pool_size: Annotated[int, Field(gt=0, le=1024)] = 16
     # An idle legacy session is closed after this long.
     session_idle_seconds: Annotated[float, Field(gt=0)] = 300.0
     # How long a legacy backend call stays parked waiting for the client's MRTR retry.
     input_wait_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # Parked legacy calls (each holds a backend request and session) per replica, in total and
+    # per principal; past the cap a call that would park fails with -31004.
+    max_parked_calls: Annotated[int, Field(gt=0)] = 1000
+    max_parked_calls_per_principal: Annotated[int, Field(gt=0)] = 100
+    # Overall deadline of one backend call (all of its stream, however often the backend sends
+    # progress or keep-alives; SHTTP: senders SHOULD enforce a maximum). Not for listens.
+    max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
-
 from gateway.backends.base import Backend
 from gateway.settings import BackendSettings, GatewaySettings
 
@@ -39,8 +37,7 @@ def create_backend(settings: BackendSettings, gateway: GatewaySettings | None = 
     from gateway.backends.legacy.detect import AutoBackend, probe_http
 
     async def probe() -> str:
-        async with httpx.AsyncClient(trust_env=False, follow_redirects=False) as client:
-            return await probe_http(client, settings)
+        return await probe_http(settings)
 
     def make(era: str) -> Backend:
         return ModernHttpBackend(settings) if era == "modern" else LegacyHttpBackend(settings, gateway)

@@ -11,11 +11,10 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-import aiohttp
 import orjson
 
 from gateway.backends.base import Backend, Message, Reply
-from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.backends.http1 import Http1Client, UpstreamConnectionError, UpstreamResponse
 from gateway.observability import tracing
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -30,6 +29,7 @@ log = logging.getLogger("gateway.backends.modern")
 _RELAYED = ("traceparent", "tracestate", "baggage")
 _ACCEPT = "application/json, text/event-stream"
 _RETRYABLE_STATUS = frozenset({502, 503, 504})
+_END = object()  # the end of an SSE body (a JSON `null` payload must not look like it)
 
 
 class ModernHttpBackend(Backend):
@@ -37,19 +37,18 @@ class ModernHttpBackend(Backend):
         super().__init__(settings)
         assert settings.url is not None
         self.url = settings.url
-        self._client = UpstreamClient(settings.name, max_connections=settings.max_connections,
-                                      connect_timeout=settings.connect_timeout_seconds)
-        self._static_headers = dict(settings.headers)
+        # The lean client, not upstream.py's aiohttp one: this is the pass-through hot path
+        # (http1.py says what it measured).
+        self._client = Http1Client(settings.name, max_connections=settings.max_connections,
+                                   connect_timeout=settings.connect_timeout_seconds)
+        # Built once; each call copies it and adds its own headers.
+        self._base_headers = {"content-type": "application/json", "accept": _ACCEPT, **settings.headers}
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
     def _headers(self, call: Call) -> dict[str, str]:
-        headers = {
-            "content-type": "application/json",
-            "accept": _ACCEPT,
-            **self._static_headers,
-        }
+        headers = self._base_headers.copy()
         if call.id is not None:
             headers[h.PROTOCOL_VERSION] = call.version
             headers[h.METHOD] = call.method
@@ -88,10 +87,10 @@ class ModernHttpBackend(Backend):
             return Reply(self.name, response.status, stream=self._events(response, call))
         try:
             body = await response.read()
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
+        except TimeoutError:
             raise rpc.backend_timeout(self.name, self.settings.timeout_seconds, call.id) from None
-        except aiohttp.ClientError as exc:
-            raise rpc.backend_unavailable(self.name, describe(exc), call.id) from None
+        except UpstreamConnectionError as exc:
+            raise rpc.backend_unavailable(self.name, str(exc), call.id) from None
 
         status = response.status
         if call.id is None:
@@ -110,18 +109,44 @@ class ModernHttpBackend(Backend):
             self.name, f"HTTP {status} with content-type {response.content_type or 'none'!r}", call.id
         )
 
+    def _overdue(self, call: Call) -> rpc.McpError:
+        limit = self.settings.max_call_seconds
+        return rpc.McpError(
+            rpc.BACKEND_TIMEOUT,
+            f"Backend {self.name!r} did not finish {call.method} within {limit:g}s (backends[].max_call_seconds)",
+            status=504, data={"backend": self.name, "limit": "backends[].max_call_seconds"}, request_id=call.id)
+
     async def _events(self, response: UpstreamResponse, call: Call) -> AsyncIterator[Message]:
-        """JSON-RPC messages from an upstream SSE body, as they arrive."""
+        """JSON-RPC messages from an upstream SSE body, as they arrive. A call's stream ends
+        with -31002 at max_call_seconds, however often the backend sends progress or
+        keep-alives (SHTTP: senders SHOULD enforce a maximum); a listen stream has none."""
         messages = response.sse_messages()
+        deadline = None if call.method == "subscriptions/listen" else (
+            asyncio.get_running_loop().time() + self.settings.max_call_seconds)
         try:
-            async for payload in messages:
+            while True:
+                if deadline is None:
+                    payload = await anext(messages, _END)
+                else:
+                    # Around the read only, never a yield: the timeout must not fire while the
+                    # consumer, not this generator, runs.
+                    overall = asyncio.timeout_at(deadline)
+                    try:
+                        async with overall:
+                            payload = await anext(messages, _END)
+                    except TimeoutError:
+                        if overall.expired():
+                            raise self._overdue(call) from None
+                        raise
+                if payload is _END:
+                    return
                 # 2025-03-26 backends may batch messages in one event.
                 for item in payload if isinstance(payload, list) else (payload,):
                     if isinstance(item, dict):
                         yield item
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
+        except TimeoutError:
             raise rpc.backend_timeout(self.name, self.settings.timeout_seconds, call.id) from None
-        except aiohttp.ClientError as exc:
-            raise rpc.backend_unavailable(self.name, f"stream broke: {describe(exc)}", call.id) from None
+        except UpstreamConnectionError as exc:
+            raise rpc.backend_unavailable(self.name, f"stream broke: {exc}", call.id) from None
         finally:
             await messages.aclose()

@@ -4,7 +4,7 @@ Why not httpx here: a profile of the pass-through path (bench/README.md) showed 
 gateway's CPU inside httpx/httpcore, whose pool scans every connection (a `select()` per
 idle connection) on each request, so cost grows with concurrency; aiohttp's connector hands
 out keep-alive connections in O(1) and its C-accelerated parser does the rest. httpx stays
-where speed does not matter (probes, JWKS, tests).
+where speed does not matter (JWKS, tests).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
 log = logging.getLogger("gateway.backends.upstream")
+
 
 class UpstreamResponse:
     __slots__ = ("_response", "backend", "status", "content_type")
@@ -108,6 +109,17 @@ class UpstreamClient:
         """Send the request and return once the response headers are in. Raises McpError
         (-31001 unavailable, -31002 timeout) naming the backend."""
         return await self.request("POST", url, headers, body=body, read_timeout=read_timeout, request_id=request_id)
+
+    async def request_raw(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
+                          read_timeout: float | None) -> UpstreamResponse:
+        """`request` without the error mapping: aiohttp's own exceptions, for a caller to whom
+        the phase of a failure matters (the era probe: no connection is no verdict, a
+        connection that stays silent is one). `aiohttp.ConnectionTimeoutError` = connecting."""
+        session = self._session or self._open()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout, sock_read=read_timeout)
+        response = await session.request(method, url, data=body, headers=headers, timeout=timeout,
+                                         allow_redirects=False)
+        return UpstreamResponse(response, self.backend)
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
                       read_timeout: float | None, request_id: rpc.RequestId | None = None) -> UpstreamResponse:

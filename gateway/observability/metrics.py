@@ -42,7 +42,7 @@ BACKEND_SECONDS = Histogram(
 class Children:
     """`metric.labels(*values)`, memoized. `labels()` validates, builds a key and takes the
     metric's lock on every call; the label sets here are bounded (module docstring), so each
-    child is looked up once and kept (with five metric updates per request this saved ~10 µs
+    child is looked up once and kept (measured: 2.4 µs → 1.4 µs per update; five updates
     per pass-through call, bench/README.md "Profile")."""
 
     __slots__ = ("_metric", "_children")
@@ -88,4 +88,15 @@ CACHE_INVALIDATIONS = Counter(
     "mcp_gateway_cache_invalidations_total",
     "Cache invalidations by kind (lists, resource, backend, flush).",
     ["kind"],
+)
+
+MRTR_PARKED = Gauge(
+    "mcp_gateway_mrtr_parked_calls",
+    "Legacy backend calls parked on this replica, waiting for the client's MRTR retry.",
+    ["backend"],
+)
+MRTR_REFUSED = Counter(
+    "mcp_gateway_mrtr_parked_refused_total",
+    "Legacy backend calls refused (-31004) because the parked-call cap was reached (total, per_principal).",
+    ["backend", "limit"],
 )

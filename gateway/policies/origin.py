@@ -17,6 +17,7 @@ name; it cannot forge `Origin`, and the `Host` it sends is its own name. So:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -27,6 +28,9 @@ from gateway.protocol import jsonrpc as rpc
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "localhost.localdomain"})
 
 
+# Memoized: it runs on every request (Host check) and parsing an IP address costs ~4 % of a
+# cached tools/list (bench/README.md "Profile"). Bounded, since clients choose the names.
+@functools.lru_cache(maxsize=1024)
 def _is_loopback_host(host: str) -> bool:
     host = host.strip("[]").lower()
     if host in _LOOPBACK_NAMES or host.endswith(".localhost"):

@@ -35,6 +35,37 @@ GATEWAY_OVERLOADED = -31004
 
 RequestId = str | int
 
+# The HTTP status that carries a JSON-RPC error with this code (digest §a.3), for answers
+# the gateway relays as messages rather than raises: the same error gets the same status
+# whichever backend era or replica produced it. Codes not listed travel with 200 (an error the
+# peer chose to send is still a delivered answer).
+_HTTP_STATUS: dict[int, int] = {
+    PARSE_ERROR: 400,
+    INVALID_REQUEST: 400,
+    INVALID_PARAMS: 400,
+    HEADER_MISMATCH: 400,
+    MISSING_REQUIRED_CLIENT_CAPABILITY: 400,
+    UNSUPPORTED_PROTOCOL_VERSION: 400,
+    METHOD_NOT_FOUND: 404,
+    # Gateway-made codes, as their constructors below raise them (a retry forwarded between
+    # replicas comes back as a message and must keep the owner's status).
+    BACKEND_UNAVAILABLE: 502,
+    BACKEND_TIMEOUT: 504,
+    BACKEND_PROTOCOL_ERROR: 502,
+    GATEWAY_OVERLOADED: 503,
+}
+
+
+def http_status_for(error_code: Any) -> int:
+    """The HTTP status of an answer whose JSON-RPC error has this code (200 for others)."""
+    return _HTTP_STATUS.get(error_code, 200) if isinstance(error_code, int) else 200
+
+
+def http_status_of(message: dict[str, Any]) -> int:
+    """The HTTP status of an answer carrying this JSON-RPC message (200 for results)."""
+    error = message.get("error")
+    return http_status_for(error.get("code")) if isinstance(error, dict) else 200
+
 
 class McpError(Exception):
     """A failure that becomes one JSON-RPC error response with a definite HTTP status."""
@@ -162,6 +193,13 @@ def backend_timeout(backend: str, seconds: float, request_id: RequestId | None =
         data={"backend": backend},
         request_id=request_id,
     )
+
+
+def gateway_overloaded(detail: str, *, limit: str, data: dict[str, Any] | None = None,
+                       request_id: RequestId | None = None) -> McpError:
+    """A gateway bound was reached; `limit` names the setting that sets it."""
+    return McpError(GATEWAY_OVERLOADED, detail, status=503, data={"limit": limit, **(data or {})},
+                    request_id=request_id)
 
 
 def backend_protocol_error(backend: str, detail: str, request_id: RequestId | None = None) -> McpError:

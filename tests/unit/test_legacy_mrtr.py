@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
 
 from gateway.backends.base import internal_call
 from gateway.backends.legacy import mrtr
+from gateway.observability import metrics
+from gateway.protocol import jsonrpc as rpc
 from gateway.settings import load_settings
 
 
@@ -44,13 +47,70 @@ def test_digest_ignores_what_a_retry_may_change() -> None:
 
 
 def test_shared_secret_and_owner_from_settings() -> None:
-    settings = load_settings(None, server={"host": "0.0.0.0", "port": 9000},
+    settings = load_settings(None, server={"host": "10.0.0.9", "port": 9000},
                              security={"secret": "s3cret"})
     a, b = mrtr.sealer_from_settings(settings), mrtr.StateSealer(b"s3cret")
     assert b.open(a.seal({"exp": time.time() + 5})) is not None
-    assert mrtr.owner_url(settings) == "http://127.0.0.1:9000/mcp"
-    pinned = load_settings(None, security={"advertise_url": "http://10.0.0.7:8080/mcp"})
+    assert mrtr.owner_url(settings) == "http://10.0.0.9:9000/mcp"
+    pinned = load_settings(None, server={"host": "0.0.0.0"}, security={"advertise_url": "http://10.0.0.7:8080/mcp"})
     assert mrtr.owner_url(pinned) == "http://10.0.0.7:8080/mcp"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_a_wildcard_bind_never_advertises_a_loopback_owner(host: str) -> None:
+    # Every replica bound to 0.0.0.0 used to call itself http://127.0.0.1:8080/mcp, so each
+    # believed it owned every continuation and answered a foreign retry with -32602.
+    settings = load_settings(None, server={"host": host, "port": 8080}, security={"secret": "s"})
+    owner = mrtr.owner_url(settings)
+    assert owner.startswith(mrtr.UNADVERTISED)
+    assert "127.0.0.1" not in owner
+
+
+def test_replica_problems_name_the_missing_settings() -> None:
+    ((level, message),) = mrtr.replica_problems(load_settings(None))
+    assert level == logging.WARNING and "security.secret" in message
+    fleet = load_settings(None, server={"host": "0.0.0.0"}, security={"secret": "s"})
+    ((level, message),) = mrtr.replica_problems(fleet)
+    assert level == logging.ERROR
+    assert "MCP_GATEWAY_SECURITY__ADVERTISE_URL" in message and "status.podIP" in message
+    advertised = load_settings(None, server={"host": "0.0.0.0"},
+                               security={"secret": "s", "advertise_url": "http://10.0.0.7:8080/mcp"})
+    assert mrtr.replica_problems(advertised) == []
+
+
+async def test_forwarding_to_an_unadvertised_owner_says_which_setting_is_missing() -> None:
+    forwarder = mrtr.Forwarder("old", 5.0, 1.0)
+    call = internal_call("tools/call", {"name": "t", "requestState": "s"})
+    with pytest.raises(rpc.McpError) as caught:
+        await forwarder.forward(call, f"{mrtr.UNADVERTISED}abc")
+    assert caught.value.code == rpc.BACKEND_UNAVAILABLE and caught.value.status == 502
+    assert "security.advertise_url" in caught.value.message and caught.value.data == {"backend": "old"}
+    await forwarder.aclose()
+
+
+def _continuation(cid: str, principal: str) -> mrtr.Continuation:
+    return mrtr.Continuation(cid, "old", None, None, {}, time.time() + 60, principal=principal)
+
+
+async def test_parked_calls_are_capped_per_principal_and_in_total() -> None:
+    registry = mrtr.Continuations("old", max_total=3, max_per_principal=2)
+    registry.park(_continuation("a1", "alice"))
+    registry.park(_continuation("a2", "alice"))
+    refusal = registry.refusal("alice")
+    assert refusal is not None and refusal.code == rpc.GATEWAY_OVERLOADED
+    assert "backends[].max_parked_calls_per_principal" in refusal.message and "'old'" in refusal.message
+    assert refusal.data == {"limit": "backends[].max_parked_calls_per_principal", "backend": "old", "max": 2}
+    assert registry.refusal("bob") is None
+    registry.park(_continuation("b1", "bob"))
+    total = registry.refusal("carol")
+    assert total is not None and "backends[].max_parked_calls)" in total.message
+    # Taking one out (a retry) frees its place for its principal and in the total.
+    assert registry.take("a1") is not None
+    assert registry.refusal("alice") is None and registry.refusal("carol") is None
+    parked = metrics.MRTR_PARKED.labels("old")._value.get()
+    assert parked == 2
+    registry.close_all()
+    assert len(registry) == 0
 
 
 async def test_continuations_are_single_use_and_expire() -> None:

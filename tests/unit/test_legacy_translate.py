@@ -106,3 +106,19 @@ def test_url_elicitations_become_modern_url_input_requests() -> None:
                  "params": {"mode": "url", "message": "Sign in", "url": "https://auth.example/a"}},
     }
     assert translate.url_elicitations({"code": -32042, "message": "x"}) == {}
+
+
+def test_session_capabilities_are_a_small_fixed_set_whatever_the_client_writes() -> None:
+    # They key the session pool: content copied verbatim let every distinct client object
+    # cost a backend session, an initialize, and someone else's warm session.
+    keys = {translate.pool_key(translate.session_capabilities({
+        "sampling": {"n": i, "tools": {"x": i}}, "elicitation": {"form": {"n": i}, "junk": i},
+        "roots": {"listChanged": True, "n": i}})) for i in range(100)}
+    assert keys == {translate.pool_key({"sampling": {"tools": {}}, "elicitation": {"form": {}}, "roots": {}})}
+    # ELICIT: `{}` is form only, the same session as an explicit form.
+    assert translate.session_capabilities({"elicitation": {}}) == translate.session_capabilities(
+        {"elicitation": {"form": {"applyDefaults": True}}}) == {"elicitation": {"form": {}}}
+    assert translate.session_capabilities({"elicitation": {"url": {}}}) == {"elicitation": {"url": {}}}
+    assert translate.session_capabilities({"sampling": {"context": {}, "tools": {}, "other": {}}}) == {
+        "sampling": {"context": {}, "tools": {}}}
+    assert translate.session_capabilities({"sampling": True, "roots": "yes"}) == {}

@@ -61,3 +61,23 @@ def test_invalid_tools_are_filtered_and_annotations_indexed():
     assert table.param_headers(a, "plain") == ()
     assert table.param_headers(a, "bad") is None  # never offered, never indexed
     assert table.param_headers(a, "unlisted") is None
+
+
+def test_a_list_seen_again_is_not_walked_again_but_a_new_list_is():
+    # A cache hit hands the table the very list it filtered last time (stored messages are
+    # never mutated): the result is reused. Any other list object is filtered afresh, even
+    # with equal content, so a changed definition always takes effect.
+    a = target("a", "")
+    table = RouteTable([a])
+    annotated = {"type": "object", "properties": {"r": {"type": "string", "x-mcp-header": "R"}}}
+    cached = [{"name": "t", "inputSchema": annotated}]
+    first = table.filter_tools(a, cached)
+    assert table.filter_tools(a, cached) is first
+    assert [p.header for p in table.param_headers(a, "t")] == ["mcp-param-r"]
+
+    now_invalid = {"type": "object", "properties": {"r": {"type": "number", "x-mcp-header": "R"}}}
+    assert table.filter_tools(a, [{"name": "t", "inputSchema": now_invalid}]) == []
+    assert table.param_headers(a, "t") is None
+    # The earlier list object, no longer the last one filtered, is walked again too.
+    assert table.filter_tools(a, cached) == cached
+    assert table.param_headers(a, "t") is not None

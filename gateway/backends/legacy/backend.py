@@ -42,13 +42,16 @@ class LegacyBackend(Backend):
         super().__init__(settings)
         gateway = gateway or GatewaySettings()
         self._gateway = gateway
+        # A call waits for a free session about as long as it would wait to connect.
         self.pool = SessionPool(self.name, self._new_session, size=settings.session_pool_size,
-                                idle_seconds=settings.session_idle_seconds)
+                                idle_seconds=settings.session_idle_seconds,
+                                wait_seconds=settings.connect_timeout_seconds)
         self.listens = LegacyListens(self)
         self.sealer = mrtr.sealer_from_settings(gateway)
         self.owner = mrtr.owner_url(gateway)
-        self.continuations = mrtr.Continuations()
-        self.forwarder = mrtr.Forwarder(settings.timeout_seconds)
+        self.continuations = mrtr.Continuations(self.name, max_total=settings.max_parked_calls,
+                                                max_per_principal=settings.max_parked_calls_per_principal)
+        self.forwarder = mrtr.Forwarder(self.name, settings.timeout_seconds, settings.connect_timeout_seconds)
 
     # -- transport hooks ----------------------------------------------------------------
 
@@ -67,7 +70,7 @@ class LegacyBackend(Backend):
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        mrtr.warn_if_ephemeral(self._gateway)
+        mrtr.report_replica_problems(self._gateway)
         self.pool.start()
 
     async def aclose(self) -> None:
@@ -130,15 +133,19 @@ class LegacyBackend(Backend):
         InputRequiredResult, or -32021 with its HTTP 400 (SEP-2575), which a stream already
         begun with 200 could no longer carry. Anything else starts a stream."""
         pending: dict[str, Message] = {}
+        # Each leg of a call (the first request, each MRTR retry) gets max_call_seconds, however
+        # often the backend sends progress in between (SHTTP: senders SHOULD enforce a maximum).
+        deadline = asyncio.get_running_loop().time() + self.settings.max_call_seconds
         try:
-            message = await exchange.next(self.settings.timeout_seconds)
+            message = await self._next(call, exchange, pending, deadline)
+            assert message is not None  # nothing pending: no gathering window
             while "method" in message and "id" in message:
                 refusal = await self._backend_request(call, session, exchange, message, pending)
                 if refusal is not None:
-                    return Reply(self.name, status=_status_of(refusal), message=refusal)
-                following = await self._next(exchange, pending)
+                    return Reply(self.name, status=rpc.http_status_of(refusal), message=refusal)
+                following = await self._next(call, exchange, pending, deadline)
                 if following is None:
-                    return Reply(self.name, message=self._park(call, session, exchange, pending))
+                    return Reply(self.name, message=await self._park(call, session, exchange, pending))
                 message = following
         except asyncio.CancelledError:
             session.cancel_soon(exchange, "the client went away")
@@ -148,32 +155,52 @@ class LegacyBackend(Backend):
             raise _named(exc, self.name).with_id(call.id) from None
         if "method" not in message:
             final = self._final(message, call, session)
-            return Reply(self.name, status=_status_of(final), message=final)
-        return Reply(self.name, stream=self._relay(call, session, exchange, message, pending))
+            return Reply(self.name, status=rpc.http_status_of(final), message=final)
+        return Reply(self.name, stream=self._relay(call, session, exchange, message, pending, deadline))
 
-    async def _next(self, exchange: Exchange, pending: dict[str, Message]) -> Message | None:
+    async def _next(self, call: Call, exchange: Exchange, pending: dict[str, Message],
+                    deadline: float) -> Message | None:
         """The next message of the exchange; None when backend requests are pending and no
         more arrive within the gathering window. Legacy servers ask for several inputs at
         once (e.g. elicitation and sampling under asyncio.gather), which reach us one SSE
-        event at a time: requests that arrive together become one InputRequiredResult."""
+        event at a time: requests that arrive together become one InputRequiredResult.
+        Past `deadline` (max_call_seconds) the call fails with -31002."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise self._overdue(call)
         if pending:
-            return await exchange.next_within(_GATHER_SECONDS)
-        return await exchange.next(self.settings.timeout_seconds)
+            return await exchange.next_within(min(_GATHER_SECONDS, remaining))
+        if remaining >= self.settings.timeout_seconds:
+            return await exchange.next(self.settings.timeout_seconds)
+        try:
+            return await exchange.next(remaining)
+        except rpc.McpError as exc:
+            if exc.code == rpc.BACKEND_TIMEOUT:
+                raise self._overdue(call) from None
+            raise
+
+    def _overdue(self, call: Call) -> rpc.McpError:
+        limit = self.settings.max_call_seconds
+        return rpc.McpError(
+            rpc.BACKEND_TIMEOUT,
+            f"Backend {self.name!r} did not finish {call.method} within {limit:g}s (backends[].max_call_seconds)",
+            status=504, data={"backend": self.name, "limit": "backends[].max_call_seconds"}, request_id=call.id)
 
     async def _relay(self, call: Call, session: LegacySession, exchange: Exchange,
-                     first: Message | None, pending: dict[str, Message]) -> AsyncIterator[Message]:
+                     first: Message | None, pending: dict[str, Message], deadline: float
+                     ) -> AsyncIterator[Message]:
         settled = False  # the call got its answer, or was parked for an MRTR retry
         try:
             message = first
             while True:
                 if message is None:
                     try:
-                        message = await self._next(exchange, pending)
+                        message = await self._next(call, exchange, pending, deadline)
                     except rpc.McpError as exc:
                         raise _named(exc, self.name).with_id(call.id) from None
                     if message is None:
                         settled = True
-                        yield self._park(call, session, exchange, pending)
+                        yield await self._park(call, session, exchange, pending)
                         return
                 method = message.get("method")
                 if method is None:
@@ -249,14 +276,25 @@ class LegacyBackend(Backend):
 
     # -- MRTR ---------------------------------------------------------------------------
 
-    def _park(self, call: Call, session: LegacySession, exchange: Exchange,
-              pending: dict[str, Message]) -> Message:
+    async def _park(self, call: Call, session: LegacySession, exchange: Exchange,
+                    pending: dict[str, Message]) -> Message:
+        """The InputRequiredResult that parks this call until the client's retry. Raises
+        -31004 (after cancelling the backend call) when this replica already holds as many
+        parked calls as it may (per principal or in total)."""
+        principal = mrtr.principal_key(call)
+        refusal = self.continuations.refusal(principal)
+        if refusal is not None:
+            # Cancelled before the error leaves. Its pending requests are left unanswered: the
+            # cancellation makes them moot (L-CAN), and answering them as well raced with it
+            # (mcp 1.30 then lost the whole session, failing the calls parked on it).
+            await session.cancel(exchange, "the gateway holds too many calls waiting for input")
+            raise refusal.with_id(call.id)
         expires = time.time() + self.settings.input_wait_seconds
         continuation = mrtr.Continuation(mrtr.new_continuation_id(), self.name, session, exchange, pending, expires,
-                                         on_expire=self._expired)
+                                         on_expire=self._expired, principal=principal)
         self.continuations.park(continuation)
         state = self.sealer.seal({
-            "c": continuation.id, "o": self.owner, "b": self.name, "p": mrtr.principal_key(call),
+            "c": continuation.id, "o": self.owner, "b": self.name, "p": principal,
             "d": mrtr.request_digest(call), "exp": expires, "k": sorted(pending),
         })
         result = {
@@ -317,9 +355,9 @@ class LegacyBackend(Backend):
         if state.get("o") != self.owner:
             if mrtr.FORWARDED_HEADER in call.headers:
                 raise rpc.invalid_params("requestState refers to a call this replica does not hold", call.id)
-            forwarded = await self.forwarder.forward(call, str(state.get("o")), self.name)
+            forwarded = await self.forwarder.forward(call, str(state.get("o")))
             if isinstance(forwarded, dict):
-                return Reply(self.name, status=_status_of(forwarded), message=forwarded)
+                return Reply(self.name, status=rpc.http_status_of(forwarded), message=forwarded)
             return Reply(self.name, stream=forwarded)
         self._check_binding(state, call)
         continuation = self.continuations.take(str(state.get("c")))
@@ -337,7 +375,7 @@ class LegacyBackend(Backend):
                 unanswered[key] = message
         if unanswered:
             # MRTR: missing responses SHOULD get a new InputRequiredResult, not an error.
-            return Reply(self.name, message=self._park(call, session, continuation.exchange, unanswered))
+            return Reply(self.name, message=await self._park(call, session, continuation.exchange, unanswered))
         return await self._answer(call, session, continuation.exchange)
 
 
@@ -363,13 +401,3 @@ def _named(exc: rpc.McpError, backend: str) -> rpc.McpError:
         if not exc.message.startswith("Backend"):
             exc.message = f"Backend {backend!r}: {exc.message}"
     return exc
-
-
-def _status_of(message: Message) -> int:
-    error = message.get("error")
-    if isinstance(error, dict) and error.get("code") in (
-            rpc.INVALID_PARAMS, rpc.INVALID_REQUEST, rpc.MISSING_REQUIRED_CLIENT_CAPABILITY):
-        return 400
-    if isinstance(error, dict) and error.get("code") == rpc.METHOD_NOT_FOUND:
-        return 404
-    return 200

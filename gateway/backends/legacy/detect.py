@@ -5,7 +5,12 @@ server implements and that changes nothing, so a legacy server that skips the "i
 first" rule still cannot act on it. Only positive modern evidence counts as modern: a
 DiscoverResult that lists a modern version, or one of the three modern error codes. Anything
 else — 400 "Missing session ID", -32000 "Server not initialized", a 404 without a JSON-RPC
-body, 405, a redirect, a timeout — means legacy. A connection failure is no verdict at all.
+body, 405, a redirect, a connected server's silence — means legacy. A connection failure
+(refused, reset, or no connection within connect_timeout_seconds) is no verdict at all: the
+call fails with -31001 and the next one probes again.
+
+The probe uses the same HTTP client and SSE parser as every backend call
+(`backends/upstream.py`, `protocol/sse.py`).
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 import orjson
-from httpx_sse import EventSource
 
 from gateway.backends.base import Backend, Reply, internal_call
+from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
 from gateway.protocol.request import Call
 from gateway.protocol.versions import MODERN_VERSIONS
 from gateway.settings import BackendSettings
@@ -50,28 +56,53 @@ def verdict(message: Any) -> Era:
     return "legacy"
 
 
-async def probe_http(client: httpx.AsyncClient, settings: BackendSettings) -> Era:
+async def probe_http(settings: BackendSettings) -> Era:
+    """Probe an HTTP backend; raises -31001 naming it when no connection could be made."""
+    client = UpstreamClient(settings.name, max_connections=1, connect_timeout=settings.connect_timeout_seconds)
+    try:
+        return await _probe(client, settings)
+    finally:
+        await client.aclose()
+
+
+async def _probe(client: UpstreamClient, settings: BackendSettings) -> Era:
     assert settings.url is not None
     call = internal_call("server/discover")
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
                h.PROTOCOL_VERSION: call.version, h.METHOD: call.method, **settings.headers}
-    timeout = httpx.Timeout(settings.connect_timeout_seconds)
+    wait = settings.connect_timeout_seconds
     try:
-        async with client.stream("POST", settings.url, content=call.wire_body(), headers=headers,
-                                 timeout=timeout) as response:
-            content_type = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-            if content_type == "text/event-stream":
-                async for event in EventSource(response).aiter_sse():
-                    if event.data:
-                        message = orjson.loads(event.data)
-                        if isinstance(message, dict) and "method" not in message:
-                            return verdict(message)
-                return "legacy"
-            body = await response.aread()
-    except httpx.TimeoutException:
-        return "legacy"  # a modern server answers discover at once; silence is legacy (§h.1)
-    except httpx.HTTPError as exc:
-        raise rpc.backend_unavailable(settings.name, f"era probe: {type(exc).__name__}: {exc}") from None
+        response = await client.request_raw("POST", settings.url, headers, body=call.wire_body(), read_timeout=wait)
+    except aiohttp.ConnectionTimeoutError:
+        raise rpc.backend_unavailable(settings.name, f"era probe: no connection within {wait:g}s") from None
+    except TimeoutError:
+        return "legacy"  # connected, but a modern server answers discover at once (§h.1)
+    except aiohttp.ClientError as exc:
+        raise rpc.backend_unavailable(settings.name, f"era probe: {describe(exc)}") from None
+    try:
+        async with asyncio.timeout(wait):
+            return await _read_verdict(response)
+    except TimeoutError:
+        return "legacy"
+    except aiohttp.ClientError as exc:
+        raise rpc.backend_unavailable(settings.name, f"era probe: {describe(exc)}") from None
+    finally:
+        response.close()
+
+
+async def _read_verdict(response: UpstreamResponse) -> Era:
+    if response.content_type == "text/event-stream":
+        async for event, data in response.events(sse.Decoder()):
+            if event != "message" or not data:
+                continue
+            try:
+                message = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue  # not a JSON-RPC message, so no modern evidence
+            if isinstance(message, dict) and "method" not in message:
+                return verdict(message)
+        return "legacy"
+    body = await response.read()
     try:
         return verdict(orjson.loads(body) if body else None)
     except orjson.JSONDecodeError:

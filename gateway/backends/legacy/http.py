@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -37,6 +38,40 @@ _MAX_RESUMES = 3
 # rather than reused (L-TR: the server SHOULD end the stream after the response).
 _STREAM_END_SECONDS = 1.0
 _READ_ERRORS = (asyncio.TimeoutError, aiohttp.ClientError)
+# Reconnecting (L-TR §Resumability): the server's `retry:` is honoured up to this bound, so a
+# huge value cannot mean "never again"; backoff starts at the first delay and doubles up to
+# the bound until a GET stream stays open for the stable period (one that ends at once is
+# not retried every 100 ms forever).
+_MAX_RECONNECT_SECONDS = 30.0
+_FIRST_RECONNECT_SECONDS = 0.1
+_STABLE_STREAM_SECONDS = 10.0
+
+
+def bounded_retry(retry_ms: int | None) -> float:
+    """The server's `retry:` in seconds, capped at _MAX_RECONNECT_SECONDS (0 when unset)."""
+    return min((retry_ms or 0) / 1000, _MAX_RECONNECT_SECONDS)
+
+
+class ReconnectBackoff:
+    """Delays between GET-stream connections."""
+
+    def __init__(self) -> None:
+        self._delay = _FIRST_RECONNECT_SECONDS
+
+    def _next(self, floor: float = 0.0) -> float:
+        delay = min(max(self._delay, floor), _MAX_RECONNECT_SECONDS)
+        self._delay = min(self._delay * 2, _MAX_RECONNECT_SECONDS)
+        return delay
+
+    def failed(self) -> float:
+        """The wait after a connection attempt that failed."""
+        return self._next()
+
+    def ended(self, lasted: float, retry_ms: int | None) -> float:
+        """The wait after a stream that was open for `lasted` seconds ended."""
+        if lasted >= _STABLE_STREAM_SECONDS:
+            self._delay = _FIRST_RECONNECT_SECONDS
+        return self._next(bounded_retry(retry_ms))
 
 
 class NoListenStream(Exception):
@@ -185,7 +220,7 @@ class HttpSession(LegacySession):
                 break
             # L-TR: the server may close the connection without ending the stream; poll with
             # GET + Last-Event-ID after the `retry` it asked for.
-            await asyncio.sleep((decoder.retry_ms or 0) / 1000)
+            await asyncio.sleep(bounded_retry(decoder.retry_ms))
             try:
                 response = await self._get(decoder.last_event_id)
             except (rpc.McpError, SessionExpired, NoListenStream) as exc:
@@ -230,19 +265,19 @@ class HttpSession(LegacySession):
 
     async def listen_stream(self, connected: asyncio.Event) -> None:
         """Hold the GET stream open (L-TR §Listening) until cancelled, reconnecting with
-        Last-Event-ID. Raises NoListenStream (405) or SessionExpired (404)."""
+        Last-Event-ID after the server's `retry` and a growing backoff (ReconnectBackoff).
+        Raises NoListenStream (405) or SessionExpired (404)."""
         decoder = sse.Decoder()
-        delay = 0.1
+        backoff = ReconnectBackoff()
         while not self.closed:
             try:
                 response = await self._get(decoder.last_event_id)
             except rpc.McpError as exc:
                 log.info("backend %s: GET stream unavailable: %s", self.backend, exc.message)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                await asyncio.sleep(backoff.failed())
                 continue
             connected.set()
-            delay = 0.1
+            opened = time.monotonic()
             try:
                 async for event, data in response.events(decoder):
                     if data and event == "message":
@@ -251,6 +286,4 @@ class HttpSession(LegacySession):
                 log.info("backend %s: GET stream dropped: %s", self.backend, describe(exc))
             finally:
                 response.close()
-            if decoder.retry_ms is not None:
-                delay = decoder.retry_ms / 1000
-            await asyncio.sleep(delay)
+            await asyncio.sleep(backoff.ended(time.monotonic() - opened, decoder.retry_ms))

@@ -151,7 +151,7 @@ class LegacyListens:
 
     async def _stop_channel(self) -> None:
         if self._session is not None and not self._listeners:
-            self.backend.pool.pinned.discard(self._session)
+            self.backend.pool.unpin(self._session)
         if not self._listeners:
             self._has_channel = False
         if self._channel is not None and not self._listeners:

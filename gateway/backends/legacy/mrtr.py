@@ -23,10 +23,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
-from httpx_sse import EventSource
 
+from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.observability import metrics
+from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call
 from gateway.settings import GatewaySettings
@@ -36,9 +38,14 @@ log = logging.getLogger("gateway.backends.legacy.mrtr")
 Message = dict[str, Any]
 STATE_VERSION = "g1"
 FORWARDED_HEADER = "x-mcp-gateway-forwarded"
-# Headers of the client's retry that the owner replica needs to validate and authenticate it.
-_FORWARD_HEADERS = ("content-type", "accept", "authorization", "mcp-protocol-version", "mcp-method", "mcp-name",
-                    "traceparent", "tracestate", "baggage")
+# Headers of the client's retry that the owner replica needs to validate and authenticate it;
+# every `Mcp-Param-*` header too, since the owner checks them against the tool's x-mcp-header
+# parameters again (SHTTP §Server Behavior for Custom Headers).
+_FORWARD_HEADERS = frozenset({"content-type", "accept", "authorization", "mcp-protocol-version", "mcp-method",
+                              "mcp-name", "traceparent", "tracestate", "baggage"})
+# The owner of a continuation parked by a replica that knows no address of its own.
+UNADVERTISED = "unadvertised:"
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 
 
 class StateError(Exception):
@@ -88,23 +95,54 @@ def sealer_from_settings(settings: GatewaySettings) -> StateSealer:
     return StateSealer(_PROCESS_SECRET)
 
 
-def warn_if_ephemeral(settings: GatewaySettings) -> None:
-    global _WARNED
-    if not settings.security.secret and not _WARNED:
-        _WARNED = True
-        log.warning("security.secret is not set: MRTR requestState is sealed with a random per-process key, "
-                    "so retries only work on this replica; several replicas need a shared one "
-                    "(MCP_GATEWAY_SECURITY__SECRET)")
+def replica_problems(settings: GatewaySettings) -> list[tuple[int, str]]:
+    """What stops MRTR retries from working across replicas, as (log level, message)."""
+    problems: list[tuple[int, str]] = []
+    security = settings.security
+    if not security.secret:
+        problems.append((logging.WARNING,
+                         "security.secret is not set: MRTR requestState is sealed with a random per-process key, so "
+                         "retries only work on this replica; several replicas need a shared one "
+                         "(MCP_GATEWAY_SECURITY__SECRET)"))
+    elif not security.advertise_url and settings.server.host in _WILDCARD_HOSTS:
+        problems.append((logging.ERROR,
+                         f"security.secret is set (several replicas) but security.advertise_url is not, and "
+                         f"server.host {settings.server.host!r} names no address other replicas can reach: an MRTR "
+                         "retry that lands on another replica cannot be forwarded here and fails with -31001; set "
+                         "MCP_GATEWAY_SECURITY__ADVERTISE_URL to this replica's own URL (Kubernetes: "
+                         "http://$(POD_IP):8080/mcp with POD_IP from status.podIP)"))
+    return problems
 
 
-_WARNED = False
+_REPORTED: set[str] = set()
+
+
+def report_replica_problems(settings: GatewaySettings) -> None:
+    """Log `replica_problems` at start-up, each once per process (every legacy backend asks)."""
+    for level, message in replica_problems(settings):
+        if message not in _REPORTED:
+            _REPORTED.add(message)
+            log.log(level, message)
+
+
+_PROCESS_IDENTITY = secrets.token_hex(8)
 
 
 def owner_url(settings: GatewaySettings) -> str:
+    """Where other replicas send a retry for a continuation this replica parks.
+
+    `security.advertise_url` when set. Otherwise http://<server.host>:<port><path> when the
+    host is an address; but a wildcard bind (0.0.0.0) says nothing about how others reach
+    this replica, and guessing a loopback URL would make every replica believe it owns every
+    continuation. Then the owner is an identity unique to this process: retries that land
+    here still work, and one that lands elsewhere gets an error naming the missing setting.
+    """
     if settings.security.advertise_url:
         return settings.security.advertise_url
     server = settings.server
-    host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+    if server.host in _WILDCARD_HOSTS:
+        return f"{UNADVERTISED}{_PROCESS_IDENTITY}"
+    host = f"[{server.host}]" if ":" in server.host and not server.host.startswith("[") else server.host
     return f"http://{host}:{server.port}{server.path}"
 
 
@@ -134,30 +172,71 @@ class Continuation:
     expires_at: float
     on_expire: Callable[[Continuation], Any] = field(repr=False, default=lambda c: None)
     timer: asyncio.TimerHandle | None = None
+    principal: str = "anonymous"
 
 
 class Continuations:
-    """The continuations this replica owns. Single use: a retry takes its continuation out."""
+    """The continuations this replica owns for one backend. Single use: a retry takes its
+    continuation out. Each holds a backend request open (and its session busy) until the
+    retry or `input_wait_seconds`, so their number is capped, overall and per principal: a
+    client that never retries cannot pile them up."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str = "", *, max_total: int = 1000, max_per_principal: int = 100) -> None:
+        self.backend = backend
+        self.max_total = max_total
+        self.max_per_principal = max_per_principal
         self._parked: dict[str, Continuation] = {}
+        self._per_principal: dict[str, int] = {}
+        self._gauge = metrics.MRTR_PARKED.labels(backend)
 
     def __len__(self) -> int:
         return len(self._parked)
 
+    def refusal(self, principal: str) -> rpc.McpError | None:
+        """Why one more continuation for `principal` cannot be parked, or None."""
+        if len(self._parked) >= self.max_total:
+            metrics.MRTR_REFUSED.labels(self.backend, "total").inc()
+            return rpc.gateway_overloaded(
+                f"Backend {self.backend!r}: {self.max_total} calls already wait for an MRTR retry on this replica "
+                "(backends[].max_parked_calls); retry later",
+                limit="backends[].max_parked_calls", data={"backend": self.backend, "max": self.max_total})
+        if self._per_principal.get(principal, 0) >= self.max_per_principal:
+            metrics.MRTR_REFUSED.labels(self.backend, "per_principal").inc()
+            err = rpc.gateway_overloaded(
+                f"Backend {self.backend!r}: this caller already has {self.max_per_principal} calls waiting for an "
+                "MRTR retry (backends[].max_parked_calls_per_principal); answer or abandon those first",
+                limit="backends[].max_parked_calls_per_principal",
+                data={"backend": self.backend, "max": self.max_per_principal})
+            err.status = 429
+            return err
+        return None
+
     def park(self, continuation: Continuation) -> None:
         self._parked[continuation.id] = continuation
+        self._per_principal[continuation.principal] = self._per_principal.get(continuation.principal, 0) + 1
+        self._gauge.set(len(self._parked))
         delay = max(0.0, continuation.expires_at - time.time())
         continuation.timer = asyncio.get_running_loop().call_later(delay, self._expire, continuation.id)
 
     def take(self, continuation_id: str) -> Continuation | None:
-        continuation = self._parked.pop(continuation_id, None)
+        continuation = self._remove(continuation_id)
         if continuation is not None and continuation.timer is not None:
             continuation.timer.cancel()
         return continuation
 
-    def _expire(self, continuation_id: str) -> None:
+    def _remove(self, continuation_id: str) -> Continuation | None:
         continuation = self._parked.pop(continuation_id, None)
+        if continuation is not None:
+            left = self._per_principal.get(continuation.principal, 1) - 1
+            if left > 0:
+                self._per_principal[continuation.principal] = left
+            else:
+                self._per_principal.pop(continuation.principal, None)
+            self._gauge.set(len(self._parked))
+        return continuation
+
+    def _expire(self, continuation_id: str) -> None:
+        continuation = self._remove(continuation_id)
         if continuation is not None:
             log.info("backend %s: MRTR continuation %s expired without a retry", continuation.backend,
                      continuation_id)
@@ -169,58 +248,64 @@ class Continuations:
 
 
 class Forwarder:
-    """Relays an MRTR retry to the replica that owns its continuation."""
+    """Relays an MRTR retry to the replica that owns its continuation, over the same pooled
+    upstream client as backend calls."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, backend: str, timeout: float, connect_timeout: float) -> None:
+        self.backend = backend
         self.timeout = timeout
-        self._client: httpx.AsyncClient | None = None
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, connect=5.0), trust_env=False)
-        return self._client
+        self._client = UpstreamClient(backend, max_connections=64, connect_timeout=connect_timeout)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        await self._client.aclose()
 
-    async def forward(self, call: Call, owner: str, backend: str) -> AsyncIterator[Message] | Message:
-        headers = {k: v for k, v in call.headers.items() if k in _FORWARD_HEADERS}
+    async def forward(self, call: Call, owner: str) -> AsyncIterator[Message] | Message:
+        backend = self.backend
+        if owner.startswith(UNADVERTISED):
+            raise rpc.backend_unavailable(
+                backend, "this requestState belongs to a call parked on another gateway replica that advertises no "
+                         "address (its security.advertise_url is unset), so the retry cannot be forwarded there; "
+                         "set security.advertise_url on every replica", call.id)
+        headers = {k: v for k, v in call.headers.items() if k in _FORWARD_HEADERS or k.startswith(h.PARAM_PREFIX)}
         headers[FORWARDED_HEADER] = "1"
         headers["accept"] = "application/json, text/event-stream"
         where = f"the replica {owner} that owns this requestState"
         try:
-            response = await self._http().send(
-                self._http().build_request("POST", owner, content=call.body, headers=headers), stream=True)
-        except httpx.HTTPError as exc:
-            raise rpc.backend_unavailable(backend, f"cannot reach {where}: {type(exc).__name__}: {exc}",
-                                          call.id) from None
-        if response.headers.get("content-type", "").startswith("text/event-stream"):
-            return _relay_events(response, backend, where, call.id)
+            response = await self._client.post(owner, call.body, headers, read_timeout=self.timeout,
+                                               request_id=call.id)
+        except rpc.McpError as exc:
+            exc.message = f"{exc.message} (forwarding the MRTR retry to {where})"
+            raise
+        if response.content_type == "text/event-stream":
+            return _relay_events(response, backend, where, call.id, self.timeout)
         try:
-            body = await response.aread()
-        finally:
-            await response.aclose()
+            body = await response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise rpc.backend_unavailable(backend, f"reading the answer of {where}: {describe(exc)}",
+                                          call.id) from None
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise rpc.backend_protocol_error(backend, f"{where} answered HTTP {response.status_code} without JSON",
+            raise rpc.backend_protocol_error(backend, f"{where} answered HTTP {response.status} without JSON",
                                              call.id) from None
         if not isinstance(message, dict):
             raise rpc.backend_protocol_error(backend, f"{where} answered a non-object", call.id)
         return message
 
 
-async def _relay_events(response: httpx.Response, backend: str, where: str, request_id: Any
+async def _relay_events(response: UpstreamResponse, backend: str, where: str, request_id: Any, timeout: float
                         ) -> AsyncIterator[Message]:
+    messages = response.sse_messages()
     try:
-        async for event in EventSource(response).aiter_sse():
-            if event.data and event.event in ("message", ""):
-                yield orjson.loads(event.data)
-    except httpx.HTTPError as exc:
-        raise rpc.backend_unavailable(backend, f"stream from {where} broke: {exc}", request_id) from None
+        async for payload in messages:
+            if isinstance(payload, dict):
+                yield payload
+    except TimeoutError:
+        raise rpc.backend_timeout(backend, timeout, request_id) from None
+    except aiohttp.ClientError as exc:
+        raise rpc.backend_unavailable(backend, f"stream from {where} broke: {describe(exc)}", request_id) from None
     finally:
-        await response.aclose()
+        await messages.aclose()
 
 
 def new_continuation_id() -> str:

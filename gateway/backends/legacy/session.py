@@ -132,6 +132,8 @@ class LegacySession(abc.ABC):
         self._exchanges: dict[int, Exchange] = {}
         self._by_progress: dict[str, Exchange] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Called when the last request in flight is done: the pool may now close the session.
+        self.on_idle: Callable[[], None] | None = None
 
     # -- what a transport implements ----------------------------------------------------
 
@@ -212,6 +214,8 @@ class LegacySession(abc.ABC):
             exchange.fail(error)
         self._exchanges.clear()
         self._by_progress.clear()
+        if self.on_idle is not None:
+            self.on_idle()
 
     async def close(self) -> None:
         if self.closed:
@@ -256,6 +260,8 @@ class LegacySession(abc.ABC):
         self._exchanges.pop(exchange.backend_id, None)
         if exchange.progress_token is not None:
             self._by_progress.pop(exchange.progress_token, None)
+        if not self._exchanges and self.on_idle is not None:
+            self.on_idle()
 
     async def cancel(self, exchange: Exchange, reason: str) -> None:
         """The client went away: legacy disconnects do not cancel, so say it (L-CAN)."""

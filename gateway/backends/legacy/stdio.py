@@ -276,7 +276,7 @@ class LegacyStdioBackend(LegacyBackend):
     def _exited(self, reason: str) -> None:
         session, self._session = self._session, None
         if session is not None:
-            self.pool.pinned.discard(session)
+            self.pool.unpin(session)
             session.fail_all(rpc.backend_unavailable(self.name, reason))
             if not session.closed:
                 session.spawn(session.close())

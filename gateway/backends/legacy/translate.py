@@ -31,18 +31,36 @@ URL_ELICITATION_REQUIRED = -32042
 _KEPT_CAPABILITIES = ("tools", "prompts", "resources", "completions", "logging")
 
 
+# The sub-capabilities a legacy server is bound by (2025-11-25 client/sampling: no
+# tool-enabled sampling without `sampling.tools`, no `includeContext` other than "none"
+# without `sampling.context`; client/elicitation: the modes).
+_SAMPLING_FLAGS = ("context", "tools")
+_ELICITATION_MODES = ("form", "url")
+
+
 def session_capabilities(client_capabilities: dict[str, Any]) -> dict[str, Any]:
     """The legacy ClientCapabilities a session declares for clients with these modern ones.
 
     Only what MRTR can carry back to the client is declared (§h.5 strategy B), so a backend
-    never asks for input the client could not give. `roots.listChanged` is never declared:
-    modern clients have no roots/list_changed notification (CL major).
+    never asks for input the client could not give. The result is reduced to the few facts
+    that change what a legacy server may send — sampling (and its `context`/`tools` flags),
+    the elicitation modes, roots yes/no — and nothing else the client wrote, because it keys
+    the session pool: copied verbatim, every distinct client object would cost a backend
+    session and an initialize and evict other callers' warm sessions. At most 5 × 4 × 2
+    sets exist. `roots.listChanged` is never declared: modern clients have no
+    roots/list_changed notification (CL major).
     """
     declared: dict[str, Any] = {}
-    for capability in ("sampling", "elicitation", "roots"):
-        value = client_capabilities.get(capability)
-        if isinstance(value, dict):
-            declared[capability] = {} if capability == "roots" else dict(value)
+    sampling = client_capabilities.get("sampling")
+    if isinstance(sampling, dict):
+        declared["sampling"] = {flag: {} for flag in _SAMPLING_FLAGS if flag in sampling}
+    elicitation = client_capabilities.get("elicitation")
+    if isinstance(elicitation, dict):
+        # ELICIT: `{}` means form only, in both eras, so it is declared as `{"form": {}}`.
+        modes = [mode for mode in _ELICITATION_MODES if mode in elicitation] or ["form"]
+        declared["elicitation"] = {mode: {} for mode in modes}
+    if isinstance(client_capabilities.get("roots"), dict):
+        declared["roots"] = {}
     return declared
 
 

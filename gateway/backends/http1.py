@@ -1,0 +1,406 @@
+"""A lean HTTP/1.1 client for the modern pass-through path: keep-alive connections as asyncio
+protocols, responses parsed by httptools (the C parser uvicorn already uses).
+
+Why not aiohttp here: measured on the bench machine (32 concurrent POST + read loops against
+bench/backend.py), one aiohttp exchange cost 130–150 µs of client CPU (`ClientSession._request`
+builds a ClientRequest, a payload object, a timer context and multidicts per call), more than
+all the rest of a pass-through `tools/call`. This client writes the request as one buffer and
+hands back the parsed response for 30–40 µs (bench/README.md "Profile"). It speaks exactly what the modern transport needs: POST with a
+byte body, `Content-Length` or chunked responses, streamed bodies for `text/event-stream`,
+http and https. No redirects (the gateway never follows them), no proxies, no cookies, and no
+content codings: it sends `Accept-Encoding: identity` (RFC 9110 §12.5.3) and refuses a coded
+answer rather than misread it.
+
+`UpstreamResponse` here has the shape of `upstream.UpstreamResponse` (status, content_type,
+headers, read, sse_messages, close) so `ModernHttpBackend` is indifferent to which it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import httptools
+import orjson
+
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
+
+log = logging.getLogger("gateway.backends.http1")
+
+# Stop reading the socket while this much of a streamed body waits for its consumer.
+_HIGH_WATER = 256 * 1024
+
+
+class UpstreamConnectionError(Exception):
+    """The connection failed or closed before the response was complete."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection carrying one exchange at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.open = False
+        self.response: UpstreamResponse | None = None
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamConnectionError("unexpected protocol upgrade"))
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamConnectionError(f"invalid HTTP response: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        # A body delimited by the end of the connection ends here (RFC 9112 §6.3 rule 8).
+        try:
+            self.parser.feed_data(b"")
+        except httptools.HttpParserError:
+            pass
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        if self.response is not None and not self.response.complete:
+            self.response._fail(UpstreamConnectionError(
+                f"connection closed before the response was complete{f': {exc}' if exc else ''}"))
+
+    def _fail(self, exc: Exception) -> None:
+        if self.response is not None:
+            self.response._fail(exc)
+        self.close()
+
+    def close(self) -> None:
+        self.open = False
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- httptools callbacks --------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response._raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.response is not None:
+            self.response._headers_done(self.parser.get_status_code(), self.parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        if self.response is not None:
+            self.response._finish()
+
+
+class UpstreamResponse:
+    """A response whose headers are in; the body arrives behind `read()` or the stream."""
+
+    def __init__(self, connection: _Connection, client: Http1Client, pool: _Pool, read_timeout: float | None
+                 ) -> None:
+        self._connection = connection
+        self._client = client
+        self._pool = pool
+        self.backend = client.backend
+        self._read_timeout = read_timeout
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: Exception | None = None
+        self._keep_alive = False
+        self._paused = False
+        self._released = False
+        self.headers_received = False
+        self.complete = False
+        self.status = 0
+        self.content_type = ""
+        self.headers: dict[str, str] = {}
+
+    # -- fed by the connection ------------------------------------------------------------
+
+    def _headers_done(self, status: int, keep_alive: bool) -> None:
+        self.status = status
+        self._keep_alive = keep_alive
+        headers = self.headers
+        for name, value in self._raw_headers:
+            key = name.decode("latin-1").lower()
+            if key not in headers:
+                headers[key] = value.decode("latin-1")
+        self.content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        self.headers_received = True
+        self._wake()
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > _HIGH_WATER and not self._paused and self._connection.transport is not None:
+            self._paused = True
+            self._connection.transport.pause_reading()
+        self._wake()
+
+    def _finish(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _fail(self, exc: Exception) -> None:
+        if self._error is None:
+            self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        """Until the connection reports anything new; TimeoutError after the read timeout
+        without news (aiohttp's `sock_read`)."""
+        if self._error is not None:
+            raise self._error
+        loop = self._connection._loop
+        self._waiter = loop.create_future()
+        # A bare timer rather than `asyncio.timeout()`: that context manager's bookkeeping was
+        # ~5 % of a pass-through call in the profile; the timer alone does the job here.
+        timer = None if self._read_timeout is None else loop.call_later(self._read_timeout, self._expire)
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        if self._error is not None:
+            raise self._error
+
+    def _expire(self) -> None:
+        self._fail(TimeoutError(f"no data from the backend for {self._read_timeout:g}s"))
+
+    def _take(self) -> bytes:
+        data = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused and self._connection.transport is not None:
+            self._paused = False
+            self._connection.transport.resume_reading()
+        return data
+
+    # -- the consumer side ----------------------------------------------------------------
+
+    async def read(self) -> bytes:
+        """The whole body; the connection goes back to the pool."""
+        try:
+            while not self.complete:
+                await self._wait()
+            return self._take()
+        finally:
+            self.release()
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive, until the body ends."""
+        while True:
+            if self._chunks:
+                yield self._take()
+                continue
+            if self.complete:
+                return
+            await self._wait()
+
+    async def sse_messages(self) -> AsyncIterator[Any]:
+        """Parsed JSON payloads of the stream's `message` events, as they arrive. Closing the
+        iterator closes the connection (the backend sees the modern cancellation)."""
+        decoder = sse.Decoder()
+        try:
+            async for chunk in self.iter_chunks():
+                for event, data in decoder.feed(chunk):
+                    if event != "message" or not data:
+                        continue  # priming events, unknown event types
+                    try:
+                        payload = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        log.warning("backend %s sent an SSE event that is not JSON; dropped", self.backend)
+                        continue
+                    yield payload
+        finally:
+            self.close()
+
+    def release(self) -> None:
+        """Done with this response: a complete keep-alive exchange returns its connection to
+        the pool, anything else closes it."""
+        if self._released:
+            return
+        self._released = True
+        connection = self._connection
+        connection.response = None
+        if self.complete and self._keep_alive and self._error is None and connection.open:
+            self._pool.put(connection)
+        else:
+            connection.close()
+        self._client._slots.release()
+
+    def close(self) -> None:
+        if not self.complete:
+            self._connection.close()
+        self.release()
+
+    def __del__(self) -> None:
+        # A response dropped unread (a stream never iterated) must not keep its slot.
+        if not self._released:
+            self.close()
+
+
+class _Pool:
+    """Idle keep-alive connections to one origin, most recently used first."""
+
+    def __init__(self, max_idle: int) -> None:
+        self._idle: collections.deque[_Connection] = collections.deque()
+        self._max_idle = max_idle
+
+    def get(self) -> _Connection | None:
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.open:
+                return connection
+        return None
+
+    def put(self, connection: _Connection) -> None:
+        if len(self._idle) >= self._max_idle:
+            connection.close()
+            return
+        self._idle.append(connection)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+class Http1Client:
+    """POSTs to one backend URL's origin over keep-alive connections.
+
+    `max_connections` bounds the connections open at once (a semaphore, like aiohttp's
+    connector limit); idle ones are kept for reuse.
+    """
+
+    def __init__(self, backend: str, *, max_connections: int, connect_timeout: float) -> None:
+        self.backend = backend
+        self._connect_timeout = connect_timeout
+        self._max_connections = max_connections
+        # One slot per connection in use (held from request to release), like aiohttp's limit.
+        self._slots = asyncio.Semaphore(max(max_connections, 1))
+        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        # Per URL: (origin key, request-line prefix, Host header) computed once.
+        self._targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    def _target(self, url: str) -> tuple[tuple[str, str, int], bytes]:
+        found = self._targets.get(url)
+        if found is None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"not an http(s) URL: {url!r}")
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            default_port = port == (443 if parts.scheme == "https" else 80)
+            host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+            authority = host if default_port else f"{host}:{port}"
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            head = f"POST {target} HTTP/1.1\r\nhost: {authority}\r\naccept-encoding: identity\r\n"
+            found = ((parts.scheme, parts.hostname, port), head.encode("latin-1"))
+            self._targets[url] = found
+        return found
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
+                   request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+        """Send the request and return once the response headers are in. Raises McpError
+        (-31001 unavailable, -31002 timeout) naming the backend."""
+        if self._closed:
+            raise rpc.backend_unavailable(self.backend, "the client is closed", request_id)
+        try:
+            origin, head = self._target(url)
+            request = _serialize(head, headers, body)
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise rpc.backend_unavailable(self.backend, f"the request cannot be sent: {exc}", request_id) from None
+        pool = self._pools.get(origin)
+        if pool is None:
+            pool = self._pools[origin] = _Pool(max(self._max_connections, 1))
+        await self._slots.acquire()
+        connection = pool.get()
+        if connection is None:
+            try:
+                connection = await self._connect(origin, request_id)
+            except BaseException:
+                self._slots.release()
+                raise
+        response = UpstreamResponse(connection, self, pool, read_timeout)
+        connection.response = response
+        try:
+            assert connection.transport is not None
+            connection.transport.write(request)
+            while not response.headers_received:
+                await response._wait()
+        except TimeoutError:
+            response.close()
+            raise rpc.backend_timeout(self.backend, read_timeout or 0, request_id) from None
+        except UpstreamConnectionError as exc:
+            response.close()
+            raise rpc.backend_unavailable(self.backend, str(exc), request_id) from None
+        except BaseException:
+            response.close()
+            raise
+        coding = response.headers.get("content-encoding", "identity").strip().lower()
+        if coding != "identity":
+            response.close()
+            raise rpc.backend_protocol_error(
+                self.backend, f"content-encoding {coding!r} although the request asked for identity", request_id)
+        return response
+
+    async def _connect(self, origin: tuple[str, str, int], request_id: rpc.RequestId | None) -> _Connection:
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        ssl_context: ssl.SSLContext | None = None
+        if scheme == "https":
+            ssl_context = self._ssl = self._ssl or ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(loop), host, port, ssl=ssl_context,
+                    server_hostname=host if ssl_context is not None else None)
+        except TimeoutError:
+            raise rpc.backend_timeout(self.backend, self._connect_timeout, request_id) from None
+        except (OSError, ssl.SSLError) as exc:
+            raise rpc.backend_unavailable(
+                self.backend, f"cannot connect to {host}:{port}: {exc.strerror or exc}"
+                if isinstance(exc, OSError) else f"TLS to {host}:{port} failed: {exc}", request_id) from None
+        return connection
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+def _serialize(head: bytes, headers: Mapping[str, str], body: bytes) -> bytes:
+    """The request as one buffer. Header values come from clients (Mcp-Param-*, trace
+    context): a CR or LF in one would split the request, so it is refused."""
+    lines = []
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"header {name!r} has a line break in its value")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append(f"content-length: {len(body)}\r\n\r\n")
+    return head + "".join(lines).encode("latin-1") + body

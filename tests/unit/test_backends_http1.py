@@ -1,0 +1,213 @@
+"""The lean HTTP/1.1 client (gateway/backends/http1.py) against real loopback servers.
+
+Each server is a raw asyncio server that answers with exactly the bytes a test chooses, so
+the framings the client must handle (Content-Length, chunked, streamed, cut short) are real
+socket traffic, not mocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from gateway.backends.http1 import Http1Client, UpstreamConnectionError
+from gateway.protocol import jsonrpc as rpc
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return lines[0].encode(), headers, body
+
+
+@contextlib.asynccontextmanager
+async def serve(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
+    """A loopback server; yields its URL and the list of connections it accepted."""
+    connections: list[int] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await handler(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", connections
+    finally:
+        server.close()
+
+
+def json_answer(body: bytes, *, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Keep-alive: answers every request on the connection with its own body."""
+    while True:
+        _, _, body = await read_request(reader)
+        writer.write(json_answer(body))
+        await writer.drain()
+
+
+async def test_a_json_answer_is_read_and_the_connection_is_reused() -> None:
+    async with serve(echo_forever) as (url, connections):
+        client = Http1Client("b", max_connections=4, connect_timeout=5)
+        for n in range(3):
+            response = await client.post(url, b'{"n": %d}' % n, {"mcp-method": "tools/call"}, read_timeout=5)
+            assert (response.status, response.content_type) == (200, "application/json")
+            assert await response.read() == b'{"n": %d}' % n
+        await client.aclose()
+    assert len(connections) == 1
+
+
+async def test_the_request_carries_the_headers_host_and_length() -> None:
+    seen: list[tuple[bytes, dict[str, str], bytes]] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(json_answer(b"{}"))
+
+    async with serve(record) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url + "?x=1", b"[1]", {"mcp-name": "echo"}, read_timeout=5)
+        await response.read()
+        await client.aclose()
+    line, headers, body = seen[0]
+    assert line == b"POST /mcp?x=1 HTTP/1.1"
+    assert headers["host"] == url.split("/")[2]
+    assert headers["mcp-name"] == "echo"
+    assert headers["accept-encoding"] == "identity"
+    assert body == b"[1]"
+
+
+async def test_a_chunked_stream_arrives_piece_by_piece() -> None:
+    release = asyncio.Event()
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        first = b'event: message\ndata: {"method":"notifications/progress"}\n\n'
+        writer.write(b"%x\r\n%s\r\n" % (len(first), first))
+        await writer.drain()
+        await release.wait()
+        last = b'event: message\ndata: {"id":1,"result":{}}\n\n'
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+        await writer.drain()
+
+    async with serve(stream) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        assert response.content_type == "text/event-stream"
+        messages = response.sse_messages()
+        assert await anext(messages) == {"method": "notifications/progress"}  # before the rest is sent
+        release.set()
+        assert await anext(messages) == {"id": 1, "result": {}}
+        with pytest.raises(StopAsyncIteration):
+            await anext(messages)
+        await client.aclose()
+
+
+async def test_a_connection_cut_mid_body_is_a_connection_error() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"par")
+        await writer.drain()
+
+    async with serve(cut) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        with pytest.raises(UpstreamConnectionError, match="before the response was complete"):
+            await response.read()
+        # The only slot came back: the next request gets a new connection.
+        again = await asyncio.wait_for(client.post(url, b"{}", {}, read_timeout=5), 5)
+        assert again.status == 200
+        again.close()
+        await client.aclose()
+
+
+async def test_a_silent_backend_times_out_and_an_absent_one_is_unavailable() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(30)
+
+    async with serve(silent) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        with pytest.raises(rpc.McpError) as caught:
+            await client.post(url, b"{}", {}, read_timeout=0.2)
+        assert caught.value.code == rpc.BACKEND_TIMEOUT
+        await client.aclose()
+    client = Http1Client("b", max_connections=1, connect_timeout=5)
+    with pytest.raises(rpc.McpError) as caught:
+        await client.post(url, b"{}", {}, read_timeout=1)  # the server is gone
+    assert caught.value.code == rpc.BACKEND_UNAVAILABLE
+    assert "'b'" in caught.value.message and "cannot connect" in caught.value.message
+
+
+async def test_a_header_value_with_a_line_break_is_never_sent() -> None:
+    async with serve(echo_forever) as (url, connections):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        with pytest.raises(rpc.McpError, match="line break"):
+            await client.post(url, b"{}", {"mcp-param-x": "a\r\nx-injected: 1"}, read_timeout=5)
+        await client.aclose()
+    assert connections == []
+
+
+async def test_a_coded_answer_is_refused() -> None:
+    async def gzip_anyway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(json_answer(b"\x1f\x8b", extra=b"content-encoding: gzip\r\n"))
+
+    async with serve(gzip_anyway) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        with pytest.raises(rpc.McpError, match="content-encoding 'gzip'") as caught:
+            await client.post(url, b"{}", {}, read_timeout=5)
+        assert caught.value.code == rpc.BACKEND_PROTOCOL_ERROR
+        await client.aclose()
+
+
+async def test_max_connections_bounds_the_connections_in_use() -> None:
+    gate = asyncio.Event()
+
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            _, _, body = await read_request(reader)
+            await gate.wait()
+            writer.write(json_answer(body))
+            await writer.drain()
+
+    async with serve(held) as (url, connections):
+        client = Http1Client("b", max_connections=2, connect_timeout=5)
+
+        async def call(n: int) -> bytes:
+            response = await client.post(url, b"%d" % n, {}, read_timeout=5)
+            return await response.read()
+
+        calls = [asyncio.ensure_future(call(n)) for n in range(5)]
+        for _ in range(500):
+            if len(connections) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert len(connections) == 2  # the other three wait for a slot
+        assert not any(c.done() for c in calls)
+        gate.set()
+        assert sorted(await asyncio.gather(*calls)) == [b"0", b"1", b"2", b"3", b"4"]
+        assert len(connections) == 2
+        await client.aclose()
