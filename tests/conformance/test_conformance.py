@@ -29,6 +29,18 @@ def run_suite(url: str, spec_version: str, baseline: Path, out: Path) -> subproc
     )
 
 
+def assert_suite_passes(gateway: Proc, spec_version: str, baseline: Path, out: Path) -> None:
+    """Run the suite against a started gateway (stopped afterwards); fail on any scenario the
+    baseline does not list, with the suite's summary and the gateway's log."""
+    try:
+        result = run_suite(gateway.url, spec_version, baseline, out)
+    finally:
+        gateway.stop()
+    summary = result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.returncode == 0, f"conformance failures through the gateway:\n{summary}\n{gateway.output()[-3000:]}"
+    assert "Scenarios:" in result.stdout, summary
+
+
 def gateway_in_front_of(backend_url: str, tmp_path: Path, **backend: object) -> Proc:
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({"backends": [{"name": "fixture", "url": backend_url, **backend}]}))
@@ -37,13 +49,14 @@ def gateway_in_front_of(backend_url: str, tmp_path: Path, **backend: object) -> 
 
 def test_modern_fixture_through_gateway(conformance_backend, tmp_path):
     gateway = gateway_in_front_of(conformance_backend.url, tmp_path, era="modern").start()
-    try:
-        result = run_suite(gateway.url, "2026-07-28", BASELINES / "baseline-modern.txt", tmp_path / "out")
-    finally:
-        gateway.stop()
-    summary = result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.returncode == 0, f"conformance failures through the gateway:\n{summary}\n{gateway.output()[-3000:]}"
-    assert "Scenarios:" in result.stdout, summary
+    assert_suite_passes(gateway, "2026-07-28", BASELINES / "baseline-modern.txt", tmp_path / "out")
+
+
+def test_legacy_clients_served_by_the_gateway(conformance_backend, tmp_path):
+    """The 2025-11-25 suite (initialize, sessions, GET stream, server-to-client requests)
+    against the gateway itself, in front of a modern backend: gateway/legacy_clients/."""
+    gateway = gateway_in_front_of(conformance_backend.url, tmp_path, era="modern").start()
+    assert_suite_passes(gateway, "2025-11-25", BASELINES / "baseline-legacy-clients.txt", tmp_path / "out")
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +74,7 @@ def test_legacy_fixture_through_gateway(legacy_conformance_backend, tmp_path, er
     """The modern suite through the gateway onto an initialize-era backend: the legacy bridge
     (docs/legacy.md) must make it look modern; the baseline lists only what no bridge can do."""
     gateway = gateway_in_front_of(legacy_conformance_backend.url, tmp_path, era=era).start()
-    try:
-        result = run_suite(gateway.url, "2026-07-28", BASELINES / "baseline-legacy.txt", tmp_path / "out")
-    finally:
-        gateway.stop()
-    summary = result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.returncode == 0, f"conformance failures through the gateway:\n{summary}\n{gateway.output()[-3000:]}"
-    assert "Scenarios:" in result.stdout, summary
+    assert_suite_passes(gateway, "2026-07-28", BASELINES / "baseline-legacy.txt", tmp_path / "out")
 
 
 @pytest.fixture(autouse=True)
