@@ -52,6 +52,9 @@ class ServerSettings(_Frozen):
     legacy_session_idle_seconds: Annotated[float, Field(gt=0)] = 1800.0
     # Live legacy client sessions per replica; the least recently used one makes room.
     legacy_max_sessions: Annotated[int, Field(gt=0)] = 10_000
+    # Resource URIs remembered from backends' resources/list answers, for routing reads (least
+    # recently used out; a URI that fell out is found again by re-listing).
+    max_resource_uris: Annotated[int, Field(gt=0)] = 100_000
     # How long a legacy client has to answer a request the gateway sent it (elicitation,
     # sampling, roots) on behalf of a backend's InputRequiredResult.
     legacy_input_timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
@@ -179,6 +182,8 @@ class CacheSettings(_Frozen):
     # Prefix of every Redis key and the invalidation channel; replicas sharing a cache share it.
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # The in-memory store (store: memory): LRU bounded by entry count and by encoded bytes.
+    # Encoded bytes, not process memory: an entry costs ~6-9x its encoded size in RSS
+    # (docs/cache.md "Memory"), so 64 MiB of max_bytes is roughly 400-600 MiB of memory.
     max_entries: Annotated[int, Field(gt=0)] = 10_000
     max_bytes: Annotated[int, Field(gt=0)] = 64 * 1024 * 1024
     # A larger result is served but not stored.
@@ -305,8 +310,6 @@ class SubscriptionSettings(_Frozen):
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
     lease_seconds: Annotated[float, Field(gt=0)] = 5.0
-    # Backends whose notifications depend on who listens: one upstream listen per principal.
-    principal_scoped_backends: tuple[str, ...] = ()
 
 
 class GatewaySettings(BaseSettings):
@@ -342,9 +345,6 @@ class GatewaySettings(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(dupes)}")
-        for name in self.subscriptions.principal_scoped_backends:
-            if name not in names:
-                raise ValueError(f"subscriptions.principal_scoped_backends: no backend is named {name!r}")
         for i, rule in enumerate(self.cache.rules):
             if rule.backend is not None and rule.backend not in names:
                 raise ValueError(f"cache.rules.{i}.backend: no backend is named {rule.backend!r}")

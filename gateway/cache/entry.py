@@ -8,7 +8,7 @@ replica is read by another: the remaining freshness must mean the same thing on 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,8 +66,20 @@ class Store(Protocol):
     async def get(self, keys: Sequence[str]) -> list[Entry | None]:
         """The entries under `keys`, in order, in one round trip."""
 
-    async def put(self, key: str, entry: Entry, encoded: bytes, tags: Sequence[str], keep_ms: int) -> None:
-        """Store `entry` (already `encoded`) for `keep_ms`, indexed under `tags`."""
+    def generation(self, tags: Sequence[str]) -> Hashable:
+        """This process's view of invalidations of `tags`: changes whenever one of them (or
+        everything) is dropped here or heard of from another replica. In-process fetch
+        coalescing keys on it, so a request made after an invalidation never joins a fetch
+        that started before it."""
+
+    async def mark(self, tags: Sequence[str]) -> Any:
+        """The store's generations of `tags`, read when a fill starts and handed to `put`."""
+
+    async def put(
+        self, key: str, entry: Entry, encoded: bytes, tags: Sequence[str], keep_ms: int, since: Any = None
+    ) -> bool:
+        """Store `entry` (already `encoded`) for `keep_ms`, indexed under `tags` — unless `since`
+        (a `mark`) is given and one of `tags` was invalidated after it. True when stored."""
 
     async def drop(self, tags: Sequence[str]) -> int:
         """Remove every entry indexed under any of `tags`; returns how many were removed."""

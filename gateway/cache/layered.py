@@ -11,6 +11,7 @@ the invalidation channel itself is down.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from gateway.cache.entry import Entry
 from gateway.cache.memory import MemoryStore
@@ -49,14 +50,27 @@ class LayeredStore:
             out.append(entry)
         return out
 
-    def _keep_locally(self, key: str, entry: Entry, size: int, now: int) -> None:
+    def _keep_locally(self, key: str, entry: Entry, size: int, now: int, since: Any = None) -> None:
         keep = min(self.local_ttl_ms, entry.remaining_ms(now))
         if keep > 0:
-            self.local.put_now(key, entry, size, entry.tags, keep)
+            self.local.put_now(key, entry, size, entry.tags, keep, since)
 
-    async def put(self, key: str, entry: Entry, encoded: bytes, tags: Sequence[str], keep_ms: int) -> None:
-        await self.remote.put(key, entry, encoded, tags, keep_ms)
-        self._keep_locally(key, entry, len(encoded), self.local.clock())
+    def generation(self, tags: Sequence[str]) -> tuple[int, ...]:
+        # Every drop, this replica's or one heard on the channel, and every resync goes through
+        # the local layer (drop_now / clear), which bumps its generations.
+        return self.local.generation(tags)
+
+    async def mark(self, tags: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        return self.local.generation(tags), await self.remote.mark(tags)
+
+    async def put(
+        self, key: str, entry: Entry, encoded: bytes, tags: Sequence[str], keep_ms: int, since: Any = None
+    ) -> bool:
+        local_since, remote_since = since if since is not None else (None, None)
+        if not await self.remote.put(key, entry, encoded, tags, keep_ms, remote_since):
+            return False
+        self._keep_locally(key, entry, len(encoded), self.local.clock(), local_since)
+        return True
 
     async def drop(self, tags: Sequence[str]) -> int:
         self.local.drop_now(tags)

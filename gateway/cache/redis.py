@@ -7,6 +7,10 @@
   byte says which.
 - Invalidations delete the tagged entries and are published on `<prefix>:invalidate`, so that
   every replica's in-process layer (layered.py) drops its copies too.
+- Each invalidation first increments a generation key per tag (`<prefix>:gen:<tag>`). A fill
+  reads its tags' generations before asking the backend (`mark`, one `MGET`, on the miss path
+  only) and its store is a script that writes only if they are unchanged: an answer fetched
+  before an invalidation, on any replica, is never stored after it. Lookups stay one `MGET`.
 
 Failure is never the request's problem: any Redis error or a command slower than `timeout`
 raises `StoreUnavailable` (the caller bypasses the cache), counts a metric, logs at most one
@@ -46,6 +50,22 @@ _WARN_EVERY = 30.0
 # Compare-and-delete: only the holder of a lock releases it (a lock that expired and was
 # taken by another replica is left alone).
 _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+# Store unless a generation changed since the fill read it. KEYS: entry, n generation keys,
+# tag sets. ARGV: value, keep ms, n, tag-set ttl ms, the n generations read ('' = none yet).
+_PUT_IF_UNCHANGED = """
+local n = tonumber(ARGV[3])
+for i = 1, n do
+  if (redis.call('get', KEYS[1 + i]) or '') ~= ARGV[4 + i] then return 0 end
+end
+redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
+for i = 2 + n, #KEYS do
+  redis.call('sadd', KEYS[i], KEYS[1])
+  redis.call('pexpire', KEYS[i], ARGV[4])
+end
+return 1
+"""
+# The generation every tag shares: bumped by a flush of everything.
+_ALL = "*"
 
 RemoteDrop = Callable[[Sequence[str] | None], None]
 """Called with the tags another replica (or this one) invalidated; None means everything."""
@@ -114,6 +134,11 @@ class RedisStore:
             retry=no_retry,
         )
         self._unlock = self.client.register_script(_UNLOCK)
+        self._put_if_unchanged = self.client.register_script(_PUT_IF_UNCHANGED)
+        # This process's view of invalidations (its own and those heard on the channel), for
+        # in-process fetch coalescing (`generation`); the shared truth is the gen keys.
+        self._local_generations: dict[str, int] = {}
+        self._local_epoch = 0
         self._down_until = 0.0
         self._warned_at = float("-inf")
         self._listener: asyncio.Task[None] | None = None
@@ -154,6 +179,28 @@ class RedisStore:
     def _tag_key(self, tag: str) -> str:
         return f"{self.prefix}:tag:{tag}"
 
+    def _gen_key(self, tag: str) -> str:
+        return f"{self.prefix}:gen:{tag}"
+
+    def generation(self, tags: Sequence[str]) -> tuple[int, ...]:
+        return (self._local_epoch, *(self._local_generations.get(t, 0) for t in tags))
+
+    def _bump_local(self, tags: Sequence[str] | None) -> None:
+        if tags is None:
+            self._local_epoch += 1
+            return
+        if len(self._local_generations) >= 100_000:
+            self._local_generations.clear()  # bounded, as in memory.py: the epoch changes instead
+            self._local_epoch += 1
+        for tag in tags:
+            self._local_generations[tag] = self._local_generations.get(tag, 0) + 1
+
+    async def mark(self, tags: Sequence[str]) -> tuple[str, ...]:
+        """The shared generations of `tags` now ('' where none was ever bumped)."""
+        gen_keys = [self._gen_key(t) for t in (_ALL, *tags)]
+        found = await self._run("mark", lambda: self.client.mget(gen_keys))
+        return tuple(v.decode() if v is not None else "" for v in found)
+
     async def get_sized(self, keys: Sequence[str]) -> list[tuple[Entry, int] | None]:
         raw = await self._run("get", lambda: self.client.mget(list(keys)))
         out: list[tuple[Entry, int] | None] = []
@@ -171,8 +218,16 @@ class RedisStore:
     async def get(self, keys: Sequence[str]) -> list[Entry | None]:
         return [found[0] if found else None for found in await self.get_sized(keys)]
 
-    async def put(self, key: str, entry: Entry, encoded: bytes, tags: Sequence[str], keep_ms: int) -> None:
+    async def put(
+        self, key: str, entry: Entry, encoded: bytes, tags: Sequence[str], keep_ms: int, since: Any = None
+    ) -> bool:
+        """Store the entry; with `since` (from `mark`), only if no tag was invalidated since."""
         value = encode_value(encoded, self.compress_above)
+        if since is not None:
+            gen_keys = [self._gen_key(t) for t in (_ALL, *tags)]
+            keys = [key, *gen_keys, *(self._tag_key(t) for t in tags)]
+            args = [value, keep_ms, len(gen_keys), self.tag_ttl_ms, *since]
+            return bool(await self._run("put", lambda: self._put_if_unchanged(keys=keys, args=args)))
 
         async def work() -> Any:
             pipe = self.client.pipeline(transaction=False)
@@ -184,16 +239,23 @@ class RedisStore:
             return await pipe.execute()
 
         await self._run("put", work)
+        return True
 
     async def drop(self, tags: Sequence[str]) -> int:
         tag_keys = [self._tag_key(t) for t in tags]
+        self._bump_local(tags)
 
         async def work() -> int:
             pipe = self.client.pipeline(transaction=False)
+            # Generations first: a fill that read them before this point will not store, and
+            # anything it stored before is among the members deleted below.
+            for tag in tags:
+                pipe.incr(self._gen_key(tag))
+                pipe.pexpire(self._gen_key(tag), self.tag_ttl_ms)
             for tag_key in tag_keys:
                 pipe.smembers(tag_key)
             members: set[bytes] = set()
-            for found in await pipe.execute():
+            for found in (await pipe.execute())[2 * len(tags):]:
                 members.update(found)
             pipe = self.client.pipeline(transaction=False)
             if members:
@@ -222,8 +284,10 @@ class RedisStore:
                 removed += await self.client.unlink(*batch)
             if backend:
                 removed += await self.client.unlink(self._tag_key(backend_tag(backend)))
+                await self.client.incr(self._gen_key(backend_tag(backend)))
                 payload = {"tags": [backend_tag(backend)]}
             else:
+                await self.client.incr(self._gen_key(_ALL))
                 payload = {"all": True}
             await self.client.publish(self.channel, orjson.dumps(payload))
             return removed
@@ -253,6 +317,7 @@ class RedisStore:
         def on_subscribed(after_loss: bool) -> None:
             # Invalidations published while we were not listening are lost: whatever the local
             # layer holds may be stale, so it starts empty.
+            self._bump_local(None)
             if self.on_resync is not None:
                 self.on_resync()
 
@@ -267,16 +332,20 @@ class RedisStore:
                                 on_subscribed=on_subscribed, on_error=on_error)
 
     def _received(self, data: Any) -> None:
-        if self.on_remote_drop is None:
-            return
         try:
             payload = orjson.loads(data)
         except (orjson.JSONDecodeError, TypeError):
             return
+        tags: list[str] | None
         if isinstance(payload, dict) and payload.get("all"):
-            self.on_remote_drop(None)
+            tags = None
         elif isinstance(payload, dict) and isinstance(payload.get("tags"), list):
-            self.on_remote_drop([t for t in payload["tags"] if isinstance(t, str)])
+            tags = [t for t in payload["tags"] if isinstance(t, str)]
+        else:
+            return
+        self._bump_local(tags)
+        if self.on_remote_drop is not None:
+            self.on_remote_drop(tags)
 
     async def aclose(self) -> None:
         if self._listener is not None:

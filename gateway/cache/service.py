@@ -110,11 +110,19 @@ class StoreCache:
             return _from_entry(fresh, call.id, now), self._count(call, fresh.scope, "hit")
         stale = next((e for e in entries if e is not None and self._usable_stale(e, now)), None)
 
+        tags = tags_for(backend, call.method, call.params)
+        # A request made after an invalidation of its tags never joins a fetch that started
+        # before it (that fetch may hold the old answer): the generation is part of the key.
+        flight = f"{keys.base}:{self.store.generation(tags)}"
         try:
-            filled, shared = await self._flights.run(keys.base, lambda: self._fill(target, call, keys, load))
+            filled, shared = await self._flights.run(
+                flight,
+                lambda: self._fill(target, call, keys, tags, load),
+                lambda exc: _own_error(exc, call.id),
+            )
             if shared and not _shareable(filled, principal_of(call)):
                 # The answer that was fetched belongs to another principal: fetch our own.
-                filled, shared = await self._fill(target, call, keys, load), False
+                filled, shared = await self._fill(target, call, keys, tags, load), False
         except rpc.McpError:
             if stale is not None and self._usable_stale(stale, self.clock()):
                 log.debug("%s from %s: backend failed; serving a stale entry", call.method, backend)
@@ -149,9 +157,17 @@ class StoreCache:
             call, decision.scope, "bypass"
         )
 
-    async def _fill(self, target: Target, call: Call, keys: RequestKeys, load: Loader) -> _Filled:
+    async def _fill(
+        self, target: Target, call: Call, keys: RequestKeys, tags: tuple[str, ...], load: Loader
+    ) -> _Filled:
         backend = target.backend.name
         principal = principal_of(call)
+        # Read before the backend is asked: an invalidation after this point makes the answer
+        # unfit to store (it may predate the change the notification announced).
+        try:
+            since = await self.store.mark(tags)
+        except StoreUnavailable:
+            since = None  # the store is down: the put below fails (and is stepped around) too
         token: str | None = None
         if self.store.shared:
             try:
@@ -165,8 +181,8 @@ class StoreCache:
         try:
             message = await load()
             decision = self.policy.decide(backend, call.method, message)
-            if decision is not None and decision.store:
-                await self._store(keys, backend, call, message, decision)
+            if decision is not None and decision.store and since is not None:
+                await self._store(keys, tags, message, decision, since)
             return _Filled(message, decision, principal, "miss")
         finally:
             if token is not None:
@@ -196,7 +212,7 @@ class StoreCache:
         return None
 
     async def _store(
-        self, keys: RequestKeys, backend: str, call: Call, message: Message, decision: Decision
+        self, keys: RequestKeys, tags: tuple[str, ...], message: Message, decision: Decision, since: Any
     ) -> None:
         if decision.scope == "private":
             if keys.private is None:
@@ -204,15 +220,18 @@ class StoreCache:
             key = keys.private
         else:
             key = keys.public
-        body = {"error": message.get("error")} if decision.negative else {"result": message.get("result")}
-        tags = tags_for(backend, call.method, call.params)
+        if decision.negative:
+            body: dict[str, Any] = {"error": message.get("error")}
+        else:
+            body = {"result": message.get("result")}
         entry = Entry(body, self.clock(), decision.ttl_ms, decision.scope, tags)
         encoded = entry.encode()
         if len(encoded) > self.settings.max_entry_bytes:
             return
         keep_ms = decision.ttl_ms + (0 if decision.negative else self.settings.stale_if_error_ms)
         try:
-            await self.store.put(key, entry, encoded, tags, keep_ms)
+            if not await self.store.put(key, entry, encoded, tags, keep_ms, since):
+                log.debug("%s: not stored, invalidated while it was fetched", key)
         except StoreUnavailable:
             pass  # counted and logged by the store; the answer is served all the same
 
@@ -280,6 +299,17 @@ _FAILURE_CODES = frozenset(
 def _failed(message: Message) -> bool:
     error = message.get("error")
     return isinstance(error, dict) and error.get("code") in _FAILURE_CODES
+
+
+def _own_error(exc: BaseException, request_id: Any) -> BaseException:
+    """The leader's failure as a waiting caller's own: a JSON-RPC error must carry the id of
+    the request it answers (basic/index §Responses), not the id of the request that fetched."""
+    if not isinstance(exc, rpc.McpError):
+        return exc
+    return rpc.McpError(
+        exc.code, exc.message, status=exc.status, data=exc.data, request_id=request_id,
+        headers=dict(exc.headers),
+    )
 
 
 def _shareable(filled: _Filled, principal: str | None) -> bool:

@@ -2,7 +2,9 @@
 
 The first caller (the leader) runs the work in its own task, so cancelling it (its client went
 away) still cancels the upstream request. Callers that arrive meanwhile wait for the leader's
-outcome; if the leader is cancelled they run the work themselves rather than fail.
+outcome; if the leader is cancelled they run the work themselves rather than fail. A failure
+is not re-raised as the leader's own exception object: each waiter raises what `adopt` makes of
+it (the cache gives every waiter an error carrying its own JSON-RPC id).
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ class SingleFlight(Generic[T]):
     def __len__(self) -> int:
         return len(self._flights)
 
-    async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
-        """The work's result, and whether it came from another caller's run."""
+    async def run(
+        self,
+        key: str,
+        work: Callable[[], Awaitable[T]],
+        adopt: Callable[[BaseException], BaseException] | None = None,
+    ) -> tuple[T, bool]:
+        """The work's result, and whether it came from another caller's run. When another
+        caller's run failed, raises `adopt(its exception)` (the same object without `adopt`)."""
         while True:
             flight = self._flights.get(key)
             if flight is None:
@@ -34,6 +42,11 @@ class SingleFlight(Generic[T]):
                 if flight.cancelled() and (task is None or not task.cancelling()):
                     continue  # the leader was cancelled, not us: try again
                 raise
+            except Exception as exc:
+                own = exc if adopt is None else adopt(exc)
+                if own is exc:
+                    raise
+                raise own from exc
 
     async def _lead(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         flight: asyncio.Future[T] = asyncio.get_running_loop().create_future()

@@ -11,7 +11,9 @@ is full is cut off (its stream closes without the graceful result, which tells i
 re-listen and refetch) so one stalled reader costs the others nothing.
 
 Every notification first invalidates the matching cache entries (digest §e), then reaches
-clients, so a client that refetches on the notification never gets the stale answer.
+clients, so a client that refetches on the notification never gets the stale answer: not
+from the store, and not from a fetch that was in flight when the notification came (such a
+fetch is neither stored nor joined, cache/service.py; limits in docs/cache.md "Invalidation").
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ class SubscriptionHub:
         self._per_principal[principal] += 1
         metrics.CLIENT_STREAMS.inc()
         try:
-            plan = await self._plan(requested, targets, principal)
+            plan = await self._plan(requested, targets)
             for key, wants in plan:
                 client.grant(self._stream(key), wants)
             acks = await asyncio.gather(*(s.wait_ack(self.settings.ack_timeout_seconds) for s in client.streams))
@@ -247,7 +249,7 @@ class SubscriptionHub:
                 data={"limit": "subscriptions.max_listens_per_principal", "max": s.max_listens_per_principal},
                 request_id=request_id)
 
-    async def _plan(self, requested: SubscriptionFilter, targets: tuple[Target, ...], principal: str
+    async def _plan(self, requested: SubscriptionFilter, targets: tuple[Target, ...]
                     ) -> list[tuple[StreamKey, SubscriptionFilter]]:
         """Which upstream streams carry which part of the request. Per backend: one stream
         with every list-changed flag the backend can deliver (shared by all list listeners,
@@ -265,14 +267,13 @@ class SubscriptionHub:
         for target in targets:
             name = target.backend.name
             flags, _ = can[name]
-            scope = principal if name in self.settings.principal_scoped_backends else None
             wanted_flags = requested.lists & flags
             if wanted_flags:
-                plan.append((StreamKey(name, SubscriptionFilter(lists=flags), scope),
+                plan.append((StreamKey(name, SubscriptionFilter(lists=flags)),
                              SubscriptionFilter(lists=wanted_flags)))
             if uris_for.get(name):
                 uris = frozenset(uris_for[name])
-                plan.append((StreamKey(name, SubscriptionFilter(uris=uris), scope), SubscriptionFilter(uris=uris)))
+                plan.append((StreamKey(name, SubscriptionFilter(uris=uris)), SubscriptionFilter(uris=uris)))
         return plan
 
     async def _capabilities(self, target: Target) -> dict[str, Any] | None:

@@ -69,3 +69,31 @@ async def test_replacing_a_key_keeps_accounting_straight():
     assert store.bytes == 2 and len(store) == 1
     assert (await store.get(["a"]))[0].body == {"result": {"n": 2}}
     assert await store.drop(["tag"]) == 1 and store.bytes == 0
+
+
+async def test_a_put_marked_before_a_drop_of_its_tags_is_refused():
+    store = MemoryStore(max_entries=10, max_bytes=10_000)
+    tags = [backend_tag("a"), list_tag("a", "tools/list")]
+    since = await store.mark(tags)
+    await store.drop([list_tag("a", "tools/list")])
+    assert not await store.put("k", entry(), b"x", tags, 60_000, since)
+    assert (await store.get(["k"]))[0] is None
+    # Another tag's drop does not matter; a clear() of everything does.
+    since = await store.mark(tags)
+    await store.drop([list_tag("a", "prompts/list")])
+    assert await store.put("k", entry(), b"x", tags, 60_000, since)
+    since = await store.mark(tags)
+    store.clear()
+    assert not await store.put("k", entry(), b"x", tags, 60_000, since)
+
+
+async def test_generation_counts_stay_bounded_and_still_refuse_racing_puts(monkeypatch):
+    from gateway.cache import memory
+
+    monkeypatch.setattr(memory, "_MAX_GENERATIONS", 3)
+    store = MemoryStore(max_entries=10, max_bytes=10_000)
+    since = await store.mark(["t0"])
+    for i in range(10):
+        await store.drop([f"t{i}"])
+    assert len(store._generations) <= 3
+    assert not await store.put("k", entry(), b"x", ["t0"], 60_000, since)

@@ -63,13 +63,14 @@ class Loader:
 
     async def __call__(self) -> dict[str, Any]:
         self.calls += 1
+        n = self.calls  # which request to the backend this is, whenever it is answered
         if self.gate is not None:
             await self.gate.wait()
         if isinstance(self.fail, Exception):
             raise self.fail
         if isinstance(self.fail, dict):
             return {"jsonrpc": "2.0", "id": 0, "error": self.fail}
-        result: dict[str, Any] = {"resultType": "complete", "n": self.calls, **self.result}
+        result: dict[str, Any] = {"resultType": "complete", "n": n, **self.result}
         if self.ttl is not None:
             result["ttlMs"] = self.ttl
         result["cacheScope"] = self.scope
@@ -264,3 +265,60 @@ async def test_a_config_change_for_the_route_starts_from_empty():
     assert outcome == "miss"
     _, outcome = await second.fetch(TARGET, call(), load)
     assert outcome == "hit"
+
+
+async def test_a_failed_coalesced_fetch_answers_each_waiter_with_its_own_id():
+    cache, load = make_cache(), Loader()
+    load.gate = asyncio.Event()
+    # What a backend raises: an error already carrying the id of the call that was sent.
+    load.fail = rpc.backend_unavailable("alpha", "connection refused", request_id=1)
+    tasks = [asyncio.create_task(cache.fetch(TARGET, call(request_id=i), load)) for i in (1, 2, 3)]
+    while load.calls == 0:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)
+    load.gate.set()
+    failures = await asyncio.gather(*tasks, return_exceptions=True)
+    assert load.calls == 1
+    assert all(isinstance(f, rpc.McpError) for f in failures)
+    assert [f.request_id for f in failures] == [1, 2, 3]
+    assert [f.to_message()["id"] for f in failures] == [1, 2, 3]
+    assert {f.code for f in failures} == {rpc.BACKEND_UNAVAILABLE}
+
+
+@pytest.mark.parametrize(
+    "invalidate",
+    [
+        lambda cache: cache.invalidate_resource("alpha", "test://doc"),
+        lambda cache: cache.invalidate_backend("alpha"),
+    ],
+)
+async def test_an_invalidation_during_a_fetch_is_not_undone_by_its_fill(invalidate):
+    cache, load = make_cache(), Loader()
+    load.gate = asyncio.Event()
+    before = asyncio.create_task(cache.fetch(TARGET, call(request_id=1), load))
+    while load.calls == 0:
+        await asyncio.sleep(0.001)
+    await invalidate(cache)
+    # A client refetching because of the notification must not join the old fetch.
+    after = asyncio.create_task(cache.fetch(TARGET, call(request_id=2), load))
+    await asyncio.sleep(0.01)  # it either joined the fetch in flight or started its own
+    load.gate.set()
+    (old, old_outcome), (new, new_outcome) = await asyncio.gather(before, after)
+    assert old["result"]["n"] == 1 and old_outcome == "miss"
+    assert new["result"]["n"] == 2 and new_outcome == "miss"
+    # Whatever is stored now came from the fetch that started after the invalidation.
+    again, outcome = await cache.fetch(TARGET, call(request_id=3), load)
+    assert outcome == "hit" and again["result"]["n"] == 2 and load.calls == 2
+
+
+async def test_a_fill_that_raced_an_invalidation_stores_nothing():
+    cache, load = make_cache(), Loader()
+    load.gate = asyncio.Event()
+    racing = asyncio.create_task(cache.fetch(TARGET, call("tools/list"), load))
+    while load.calls == 0:
+        await asyncio.sleep(0.001)
+    await cache.invalidate_lists("alpha", ("tools/list",))
+    load.gate.set()
+    await racing
+    _, outcome = await cache.fetch(TARGET, call("tools/list"), load)
+    assert outcome == "miss" and load.calls == 2
