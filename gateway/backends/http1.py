@@ -5,14 +5,16 @@ Why not aiohttp here: measured on the bench machine (32 concurrent POST + read l
 bench/backend.py), one aiohttp exchange cost 130–150 µs of client CPU (`ClientSession._request`
 builds a ClientRequest, a payload object, a timer context and multidicts per call), more than
 all the rest of a pass-through `tools/call`. This client writes the request as one buffer and
-hands back the parsed response for 30–40 µs (bench/README.md "Profile"). It speaks exactly what the modern transport needs: POST with a
-byte body, `Content-Length` or chunked responses, streamed bodies for `text/event-stream`,
-http and https. No redirects (the gateway never follows them), no proxies, no cookies, and no
+hands back the parsed response for 30–40 µs (bench/README.md "Profile"). It speaks exactly
+what the modern transport and the legacy transport's POSTs need: POST with a byte body,
+`Content-Length` or chunked responses, streamed bodies for `text/event-stream`, http and
+https. No redirects (the gateway never follows them), no proxies, no cookies, and no
 content codings: it sends `Accept-Encoding: identity` (RFC 9110 §12.5.3) and refuses a coded
 answer rather than misread it.
 
 `UpstreamResponse` here has the shape of `upstream.UpstreamResponse` (status, content_type,
-headers, read, sse_messages, close) so `ModernHttpBackend` is indifferent to which it holds.
+headers, read, sse_messages, events, finish, close) so `ModernHttpBackend` and the legacy
+transport's POSTs (`legacy/http.py`) are indifferent to which they hold.
 """
 
 from __future__ import annotations
@@ -237,6 +239,31 @@ class UpstreamResponse:
                     yield payload
         finally:
             self.close()
+
+    async def events(self, decoder: sse.Decoder) -> AsyncIterator[tuple[str, str]]:
+        """(event type, data) pairs of an SSE body as they arrive; `decoder` keeps the last
+        event id and `retry:` for a reader that resumes (the legacy transport). Ends at the end
+        of the body; the caller releases or closes the response."""
+        async for chunk in self.iter_chunks():
+            for event in decoder.feed(chunk):
+                yield event
+
+    async def finish(self, timeout: float) -> None:
+        """Read what is left of the body and give the connection back to the pool, or close
+        it when the body does not end within `timeout` (a stream the backend keeps open)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.complete:
+                    await self._wait()
+                    self._take()
+        except (TimeoutError, UpstreamConnectionError):
+            self.close()
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        else:
+            self._take()
+            self.release()
 
     def release(self) -> None:
         """Done with this response: a complete keep-alive exchange returns its connection to

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.backends.http1 import Http1Client, UpstreamConnectionError
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -211,3 +212,58 @@ async def test_max_connections_bounds_the_connections_in_use() -> None:
         assert sorted(await asyncio.gather(*calls)) == [b"0", b"1", b"2", b"3", b"4"]
         assert len(connections) == 2
         await client.aclose()
+
+
+def sse_chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def test_events_keep_the_last_event_id_and_finish_returns_the_connection() -> None:
+    # The legacy transport reads a POST stream as events (priming event included), stops at
+    # the response, then `finish` drains the rest so the connection is reused.
+    async def stream_then_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(sse_chunk(b"id: e0\nretry: 250\ndata:\n\n"))
+        writer.write(sse_chunk(b'id: e1\nevent: message\ndata: {"id":1,"result":{}}\n\n'))
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the stream ends after the response, a little later
+        writer.write(b"0\r\n\r\n")
+        await echo_forever(reader, writer)
+
+    async with serve(stream_then_echo) as (url, connections):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        decoder = sse.Decoder()
+        seen = []
+        async for event, data in response.events(decoder):
+            seen.append((event, data))
+            if data:
+                break
+        assert seen == [("message", ""), ("message", '{"id":1,"result":{}}')]
+        assert (decoder.last_event_id, decoder.retry_ms) == ("e1", 250)
+        await response.finish(5)
+        again = await client.post(url, b"[2]", {}, read_timeout=5)
+        assert await again.read() == b"[2]"
+        await client.aclose()
+    assert len(connections) == 1
+
+
+async def test_finish_closes_a_stream_that_does_not_end() -> None:
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(sse_chunk(b'data: {"id":1,"result":{}}\n\n'))
+        await writer.drain()
+        await echo_forever(reader, writer)  # never ends the stream: what it reads is garbage to it
+
+    async with serve(endless) as (url, connections):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        await response.finish(0.05)
+        # The slot is free again and the next request gets a new connection.
+        again = await client.post(url, b"[3]", {}, read_timeout=5)
+        assert again.status == 200
+        again.close()
+        await client.aclose()
+    assert len(connections) == 2

@@ -7,9 +7,12 @@ before its response is resumed with GET + `Last-Event-ID`, honouring `retry:` (L
 §Resumability), so that the modern client never notices. The optional GET stream carries
 messages unrelated to any request.
 
-Bytes move over the same aiohttp pool as modern backends (`gateway/backends/upstream.py`,
-where the reason is profiled): a warm call is one POST on a kept-alive connection. A POST
-stream is read to its end after the response (the backend SHOULD close it then), so that its
+POSTs go over the same lean keep-alive client as modern pass-through calls
+(`gateway/backends/http1.py`): a warm call is one POST on a kept-alive connection, and the
+aiohttp exchange it replaced cost more client CPU than the rest of the call's gateway work
+(bench/README.md "Profile"). The GET stream and DELETE, which are rare, stay on the aiohttp
+client (`gateway/backends/upstream.py`), whose responses have the same shape. A POST stream
+is read to its end after the response (the backend SHOULD close it then), so that its
 connection goes back to the pool instead of being torn down.
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.backends import http1
 from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import jsonrpc as rpc
@@ -37,7 +41,11 @@ _MAX_RESUMES = 3
 # After its response, how long a POST stream may take to end before its connection is closed
 # rather than reused (L-TR: the server SHOULD end the stream after the response).
 _STREAM_END_SECONDS = 1.0
-_READ_ERRORS = (asyncio.TimeoutError, aiohttp.ClientError)
+# A stream that broke: aiohttp's errors (GET streams) and http1's (POSTs).
+_BROKEN = (aiohttp.ClientError, http1.UpstreamConnectionError)
+_READ_ERRORS = (asyncio.TimeoutError, *_BROKEN)
+# Either client's response: same attributes and methods (http1.py says which).
+Response = UpstreamResponse | http1.UpstreamResponse
 # Reconnecting (L-TR §Resumability): the server's `retry:` is honoured up to this bound, so a
 # huge value cannot mean "never again"; backoff starts at the first delay and doubles up to
 # the bound until a GET stream stays open for the stable period (one that ends at once is
@@ -81,9 +89,12 @@ class NoListenStream(Exception):
 class HttpSession(LegacySession):
     def __init__(self, backend: str, capabilities: dict[str, Any], on_notification: NotificationSink, *,
                  client: UpstreamClient, url: str, headers: dict[str, str], timeout: float,
-                 connect_timeout: float) -> None:
+                 connect_timeout: float, posts: http1.Http1Client | None = None) -> None:
+        """`client` carries the GET stream and DELETE; `posts`, when given, every POST
+        (otherwise `client` does)."""
         super().__init__(backend, capabilities, on_notification)
         self.client = client
+        self.posts: http1.Http1Client | UpstreamClient = posts if posts is not None else client
         self.url = url
         self.static_headers = headers
         self.timeout = timeout
@@ -106,8 +117,8 @@ class HttpSession(LegacySession):
                 headers["mcp-protocol-version"] = self.version
         return headers
 
-    async def _post(self, message: Message, *, initialize: bool = False) -> UpstreamResponse:
-        response = await self.client.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
+    async def _post(self, message: Message, *, initialize: bool = False) -> Response:
+        response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
                                           read_timeout=self.timeout)
         if response.status == 404 and self.session_id is not None and not initialize:
             response.close()
@@ -168,7 +179,7 @@ class HttpSession(LegacySession):
 
     # -- reading ----------------------------------------------------------------------------
 
-    async def _consume(self, response: UpstreamResponse, exchange: Exchange, *, resume: bool) -> None:
+    async def _consume(self, response: Response, exchange: Exchange, *, resume: bool) -> None:
         """A POST answer: JSON (read whole), SSE (read to the response) or an HTTP error."""
         if response.content_type == "text/event-stream":
             await self._read_stream(response, exchange, resume=resume)
@@ -194,7 +205,7 @@ class HttpSession(LegacySession):
             exchange.fail(rpc.backend_protocol_error(
                 self.backend, f"HTTP {status} without a JSON-RPC answer for {exchange.method}"))
 
-    async def _read_stream(self, response: UpstreamResponse, exchange: Exchange, *, resume: bool = True) -> None:
+    async def _read_stream(self, response: Response, exchange: Exchange, *, resume: bool = True) -> None:
         decoder = sse.Decoder()
         for attempt in range(_MAX_RESUMES + 1):
             finished = False  # the response arrived: let the stream end and keep the connection
@@ -209,7 +220,7 @@ class HttpSession(LegacySession):
             except asyncio.TimeoutError:
                 exchange.fail(rpc.backend_timeout(self.backend, self.timeout))
                 return
-            except aiohttp.ClientError as exc:
+            except _BROKEN as exc:
                 log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, describe(exc))
             finally:
                 if finished:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
+from gateway.backends.http1 import Http1Client
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
@@ -22,16 +23,20 @@ class LegacyHttpBackend(LegacyBackend):
         super().__init__(settings, gateway)
         assert settings.url is not None
         self.url = settings.url
-        # The same pooled aiohttp client as modern backends (upstream.py says why not httpx).
+        # POSTs over the lean client of modern backends (http1.py says what aiohttp cost); the
+        # GET stream and DELETE over aiohttp (upstream.py says why not httpx).
+        self._posts = Http1Client(settings.name, max_connections=settings.max_connections,
+                                  connect_timeout=settings.connect_timeout_seconds)
         self._client = UpstreamClient(settings.name, max_connections=settings.max_connections,
                                       connect_timeout=settings.connect_timeout_seconds)
 
     async def aclose(self) -> None:
         await super().aclose()
         await self._client.aclose()
+        await self._posts.aclose()
 
     def _new_session(self, capabilities: dict[str, Any]) -> HttpSession:
-        return HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, url=self.url,
+        return HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, posts=self._posts, url=self.url,
                            headers=dict(self.settings.headers), timeout=self.settings.timeout_seconds,
                            connect_timeout=self.settings.connect_timeout_seconds)
 
