@@ -8,6 +8,7 @@ present, names as the client sees them, no legacy error codes (digest §a.4, §j
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +36,8 @@ _BACKEND_OUTCOMES = {
 }
 # Re-read a backend's tools/list at most this often when a call names a tool the index lacks.
 _TOOL_INDEX_REFRESH_SECONDS = 5.0
+# Re-list the fleet's resources at most this often when a read names a URI the index lacks.
+_RESOURCE_INDEX_REFRESH_SECONDS = 5.0
 
 
 class Hub(Protocol):
@@ -51,6 +54,7 @@ class Dispatcher:
         self.hub = hub
         self.instructions = instructions
         self._tool_index_refreshed: dict[str, float] = {}
+        self._resource_index_refreshed = float("-inf")
 
     async def dispatch(self, call: Call) -> Reply:
         method = call.method
@@ -85,12 +89,19 @@ class Dispatcher:
     # -- server/discover ------------------------------------------------------------------
 
     async def _discover(self, call: Call) -> Reply:
+        # All backends at once, each bounded by its own deadline and failure memory
+        # (Backend.discover): one hung backend must not hold the fleet's answer (or a legacy
+        # client's initialize) for longer than its list_timeout_seconds.
+        answers = await asyncio.gather(*(t.backend.discover(stale_ok=True) for t in self.table.targets),
+                                       return_exceptions=True)
         results: list[Message] = []
-        for target in self.table.targets:
-            try:
-                results.append(await target.backend.discover())
-            except rpc.McpError as exc:
-                log.warning("server/discover: backend %s left out: %s", target.backend.name, exc.message)
+        for target, answer in zip(self.table.targets, answers, strict=True):
+            if isinstance(answer, rpc.McpError):
+                log.warning("server/discover: backend %s left out: %s", target.backend.name, answer.message)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                results.append(answer)
         result: dict[str, Any] = {
             "supportedVersions": list(MODERN_VERSIONS),
             "capabilities": merge_capabilities([r.get("capabilities") or {} for r in results]),
@@ -178,9 +189,41 @@ class Dispatcher:
             if not isinstance(cursor, str):
                 return
 
+    async def _resolve_relisted(self, uri: str) -> Target | None:
+        """The backend that serves a URI the route table does not know (never listed, or
+        evicted from its bounded index): the fleet's resources/list is read once, bounded in
+        rate, before the answer is "nobody"."""
+        now = time.monotonic()
+        if now - self._resource_index_refreshed < _RESOURCE_INDEX_REFRESH_SECONDS:
+            return None
+        self._resource_index_refreshed = now
+        await asyncio.gather(*(self._refresh_resource_index(t) for t in self.capable("resources")))
+        return self.table.resolve_uri(uri)
+
+    async def _refresh_resource_index(self, target: Target) -> None:
+        from gateway.backends.base import internal_call
+
+        cursor: str | None = None
+        try:
+            async with asyncio.timeout(target.backend.settings.list_timeout_seconds):
+                for _ in range(100):  # bounded: a backend that pages forever is not followed forever
+                    params = {"cursor": cursor} if cursor is not None else {}
+                    result = (await self._final(target, internal_call("resources/list", params))).get("result")
+                    if not isinstance(result, dict):
+                        return
+                    cursor = result.get("nextCursor")
+                    resources = result.get("resources")
+                    self.table.learn_resources(target, resources if isinstance(resources, list) else [],
+                                               first="cursor" not in params, last=not isinstance(cursor, str))
+                    if not isinstance(cursor, str):
+                        return
+        except (rpc.McpError, TimeoutError) as exc:
+            log.info("resources index refresh for %s failed: %s", target.backend.name,
+                     getattr(exc, "message", None) or "no answer in time")
+
     async def _read(self, call: Call) -> Reply:
         assert call.name is not None
-        target = self.table.resolve_uri(call.name)
+        target = self.table.resolve_uri(call.name) or await self._resolve_relisted(call.name)
         if target is None:
             raise rpc.invalid_params(f"Resource not found: {call.name!r} (no backend serves this URI)", call.id,
                                      data={"uri": call.name})
@@ -208,7 +251,7 @@ class Dispatcher:
             params["ref"] = {**ref, "name": upstream}
             return await self._forward(target, call.with_params(params))
         if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
-            target = self.table.resolve_uri(ref["uri"])
+            target = self.table.resolve_uri(ref["uri"]) or await self._resolve_relisted(ref["uri"])
             if target is None:
                 raise rpc.invalid_params(f"Resource not found: {ref['uri']!r}", call.id)
             return await self._forward(target, call)

@@ -26,7 +26,8 @@ class Runtime:
         self.settings = settings
         self.backends = backends if backends is not None else [create_backend(b, settings) for b in settings.backends]
         self.table = RouteTable(
-            [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends]
+            [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends],
+            max_uris=settings.server.max_resource_uris,
         )
         self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
         self.hub = hub if hub is not None else build_hub(settings, self.table, self.cache)

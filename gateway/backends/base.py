@@ -31,6 +31,9 @@ log = logging.getLogger("gateway.backends")
 
 Message = dict[str, Any]
 
+# How long a failed server/discover is remembered (and re-raised without asking again).
+DISCOVER_FAILURE_MEMORY_SECONDS = 5.0
+
 
 @dataclass(slots=True)
 class Reply:
@@ -98,6 +101,8 @@ class Backend(abc.ABC):
         self._discovered: Message | None = None
         self._discovered_at = 0.0
         self._discover_lock = asyncio.Lock()
+        self._discover_failure: rpc.McpError | None = None
+        self._discover_failed_at = 0.0
         self.last_error: str | None = None
 
     @abc.abstractmethod
@@ -123,25 +128,75 @@ class Backend(abc.ABC):
     def discover_result(self) -> Message | None:
         return self._discovered
 
-    async def discover(self, *, max_age: float = 300.0) -> Message:
-        """The backend's DiscoverResult, refreshed when older than `max_age` seconds."""
-        if self._discovered is not None and time.monotonic() - self._discovered_at < max_age:
+    async def discover(self, *, max_age: float = 300.0, stale_ok: bool = False) -> Message:
+        """The backend's DiscoverResult, refreshed when older than `max_age` seconds.
+
+        A refresh gets `list_timeout_seconds`, however many retries `send` makes inside it. A
+        failed refresh is remembered for `DISCOVER_FAILURE_MEMORY_SECONDS` and re-raised at once
+        meanwhile, so a dead backend costs one deadline per few seconds, not one per request
+        (`max_age=0` asks for an answer now and skips that memory). With `stale_ok` the last
+        known result stands in when a refresh fails, is late, or is already under way for
+        another caller; otherwise the failure is raised."""
+        now = time.monotonic()
+        if self._discovered is not None and now - self._discovered_at < max_age:
             return self._discovered
+        if stale_ok and self._discovered is not None and (
+                self._discover_lock.locked() or self._failed_recently(max_age)):
+            return self._discovered
+        if self._failed_recently(max_age):
+            raise self._remembered_failure()
         async with self._discover_lock:
+            # Another caller may have refreshed (or failed) while this one waited.
             if self._discovered is not None and time.monotonic() - self._discovered_at < max_age:
                 return self._discovered
-            reply = await self.send(internal_call("server/discover"))
-            msg = await reply.final()
-            result = msg.get("result")
-            if not isinstance(result, dict):
-                err = msg.get("error") or {}
-                raise rpc.backend_protocol_error(
-                    self.name, f"server/discover failed: {err.get('code')} {err.get('message')}"
-                )
-            self._discovered = result
-            self._discovered_at = time.monotonic()
-            self.last_error = None
-            return result
+            if self._failed_recently(max_age):
+                if stale_ok and self._discovered is not None:
+                    return self._discovered
+                raise self._remembered_failure()
+            deadline = self.settings.list_timeout_seconds
+            try:
+                async with asyncio.timeout(deadline):
+                    result = await self._fetch_discover()
+            except TimeoutError:
+                failure = rpc.McpError(
+                    rpc.BACKEND_TIMEOUT,
+                    f"Backend {self.name!r}: server/discover got no answer within {deadline:g}s "
+                    "(backends[].list_timeout_seconds)", status=504, data={"backend": self.name})
+            except rpc.McpError as exc:
+                failure = exc
+            else:
+                self._discovered, self._discovered_at = result, time.monotonic()
+                self._discover_failure = None
+                self.last_error = None
+                return result
+            self._discover_failure, self._discover_failed_at = failure, time.monotonic()
+            self.last_error = failure.message
+            if stale_ok and self._discovered is not None:
+                log.warning("backend %s: server/discover refresh failed (%s); serving the last known result",
+                            self.name, failure.message)
+                return self._discovered
+            raise self._remembered_failure()
+
+    async def _fetch_discover(self) -> Message:
+        reply = await self.send(internal_call("server/discover"))
+        msg = await reply.final()
+        result = msg.get("result")
+        if not isinstance(result, dict):
+            err = msg.get("error") or {}
+            raise rpc.backend_protocol_error(
+                self.name, f"server/discover failed: {err.get('code')} {err.get('message')}"
+            )
+        return result
+
+    def _failed_recently(self, max_age: float) -> bool:
+        return (max_age > 0 and self._discover_failure is not None
+                and time.monotonic() - self._discover_failed_at < DISCOVER_FAILURE_MEMORY_SECONDS)
+
+    def _remembered_failure(self) -> rpc.McpError:
+        """A fresh copy per raise: an McpError takes on each request's id (`with_id`)."""
+        f = self._discover_failure
+        assert f is not None
+        return rpc.McpError(f.code, f.message, status=f.status, data=f.data)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

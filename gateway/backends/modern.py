@@ -29,6 +29,9 @@ log = logging.getLogger("gateway.backends.modern")
 _RELAYED = ("traceparent", "tracestate", "baggage")
 _ACCEPT = "application/json, text/event-stream"
 _RETRYABLE_STATUS = frozenset({502, 503, 504})
+# The 4xx statuses the spec gives a JSON-RPC error body (digest §a.3): relayed with their code.
+# Any other 4xx is the backend refusing the gateway, never the client (`_refused`).
+_RELAYED_4XX = frozenset({400, 404})
 _END = object()  # the end of an SSE body (a JSON `null` payload must not look like it)
 
 
@@ -83,7 +86,7 @@ class ModernHttpBackend(Backend):
         read_timeout = None if call.method == "subscriptions/listen" else self.settings.timeout_seconds
         response = await self._client.post(self.url, call.wire_body(), self._headers(call),
                                            read_timeout=read_timeout, request_id=call.id)
-        if response.content_type == "text/event-stream":
+        if response.content_type == "text/event-stream" and response.status < 400:
             return Reply(self.name, response.status, stream=self._events(response, call))
         try:
             body = await response.read()
@@ -95,19 +98,49 @@ class ModernHttpBackend(Backend):
         status = response.status
         if call.id is None:
             return Reply(self.name, status)
+        if 400 <= status < 500 and status not in _RELAYED_4XX:
+            raise self._refused(status, body, call)
         if response.content_type == "application/json" or (body[:1] == b"{" and status >= 400):
             try:
                 message = orjson.loads(body)
             except orjson.JSONDecodeError:
                 raise rpc.backend_protocol_error(self.name, "body is not valid JSON", call.id) from None
             if isinstance(message, dict) and ("result" in message or "error" in message):
-                return Reply(self.name, status, message=message, raw=body)
+                if status < 400:
+                    return Reply(self.name, status, message=message, raw=body)
+                if status < 500 and not isinstance(message.get("error"), dict):
+                    raise self._refused(status, body, call)
+                return Reply(self.name, rpc.http_status_of(message) if status < 500 else status, message=message,
+                             raw=body)
+            if 400 <= status < 500:
+                raise self._refused(status, body, call)
             raise rpc.backend_protocol_error(self.name, "body is not a JSON-RPC response", call.id)
+        if 400 <= status < 500:
+            raise self._refused(status, body, call)
         if status >= 500:
             raise rpc.backend_unavailable(self.name, f"HTTP {status}", call.id)
         raise rpc.backend_protocol_error(
             self.name, f"HTTP {status} with content-type {response.content_type or 'none'!r}", call.id
         )
+
+    def _refused(self, status: int, body: bytes, call: Call) -> rpc.McpError:
+        """A backend's HTTP 4xx that is not a relayable JSON-RPC error, as -31001 at 502. Relayed
+        as-is, a backend's 401/403 (which carries no WWW-Authenticate for the client's
+        credentials) would read as the gateway's own auth challenge (AUTH), and a 405/406/415
+        as a fault of the client's request to the gateway; it is the backend refusing the
+        gateway, so the client learns which backend and what it answered."""
+        detail = f"HTTP {status}"
+        try:
+            error = orjson.loads(body).get("error") if body[:1] == b"{" else None
+        except (orjson.JSONDecodeError, AttributeError):
+            error = None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            detail += f" ({error['message'][:200]})"
+        if status in (401, 403):
+            detail += ": the gateway's credentials for it (backends[].headers) were refused"
+        return rpc.McpError(
+            rpc.BACKEND_UNAVAILABLE, f"Backend {self.name!r} refused the request: {detail}", status=502,
+            data={"backend": self.name, "status": status}, request_id=call.id)
 
     def _overdue(self, call: Call) -> rpc.McpError:
         limit = self.settings.max_call_seconds

@@ -1,9 +1,12 @@
 """Aggregated list methods: one page from every backend, in parallel, merged in order.
 
 Each backend gets its own deadline; a backend that fails or is late is left out of that answer
-(logged, never a failed request) unless every backend failed. Items keep the fleet's configured
-backend order and each backend's own order, so the answer is deterministic (spec: tools SHOULD
-be listed in a deterministic order). Pagination goes through the gateway cursor, which carries
+(logged, never a failed request) unless every backend failed on a first page. Such a partial
+answer says so: `ttlMs` 0 (nobody may keep it as the list), and the failed backend stays in the
+gateway cursor to be asked again on the next page, a bounded number of times (cursor.py
+`RETRY_BUDGET`), so the last page still comes. Items keep the fleet's configured backend order
+and each backend's own order, so a complete answer is deterministic (spec: tools SHOULD be
+listed in a deterministic order). Pagination goes through the gateway cursor, which carries
 each backend's own cursor.
 """
 
@@ -23,6 +26,7 @@ from gateway.routing.table import RouteTable, Target
 log = logging.getLogger("gateway.fanout")
 
 PageFetcher = Callable[[Target, Call], Awaitable[Message]]
+_NO_RETRIES: gw_cursor.Retries = {}  # shared, never written
 
 
 async def aggregate_list(
@@ -34,17 +38,20 @@ async def aggregate_list(
     """The merged result for a `*/list` call over `targets` (already capability-filtered)."""
     assert call.spec is not None and call.spec.list_key is not None
     list_key = call.spec.list_key
-    if "cursor" in call.params:
-        pending = gw_cursor.decode(call.method, call.params["cursor"], call.id)
+    continuation = "cursor" in call.params
+    retries = _NO_RETRIES
+    if continuation:
+        pending, retries = gw_cursor.decode_position(call.method, call.params["cursor"], call.id)
         # Only backends still in the fleet; a cursor from before a config change loses the rest.
-        plan = [(t, pending[t.backend.name]) for t in targets if t.backend.name in pending]
+        plan: list[tuple[Target, str | None]] = [
+            (t, pending[t.backend.name]) for t in targets if t.backend.name in pending]
     else:
         plan = [(t, None) for t in targets]
     if not plan:
         return {list_key: [], "resultType": "complete", "ttlMs": 0, "cacheScope": "public"}
 
     async def one(target: Target, backend_cursor: str | None) -> Message:
-        if backend_cursor is None and "cursor" not in call.params:
+        if backend_cursor is None and not continuation:
             sub = call  # a first page: the backend gets the client's own params (and body)
         else:
             params = {k: v for k, v in call.params.items() if k != "cursor"}
@@ -67,11 +74,12 @@ async def aggregate_list(
         outcomes = await asyncio.gather(*(one(t, c) for t, c in plan), return_exceptions=True)
 
     items: list[Any] = []
-    pending_out: dict[str, str] = {}
+    pending_out: gw_cursor.Pending = {}
+    retries_out: gw_cursor.Retries | None = None  # made on a failure only (the hot path has none)
     ttl: float | None = None
     private = False
     failures: list[str] = []
-    for (target, _), outcome in zip(plan, outcomes):
+    for (target, backend_cursor), outcome in zip(plan, outcomes):
         name = target.backend.name
         if isinstance(outcome, BaseException):
             if isinstance(outcome, asyncio.CancelledError):
@@ -80,28 +88,39 @@ async def aggregate_list(
                 f"no answer within {target.backend.settings.list_timeout_seconds:g}s"
                 if isinstance(outcome, TimeoutError) else repr(outcome)
             )
-            log.warning("%s: backend %s left out: %s", call.method, name, detail)
-            failures.append(f"{name}: {detail}")
-            continue
-        result = outcome.get("result")
-        if not isinstance(result, dict):
+        else:
+            result = outcome.get("result")
+            if isinstance(result, dict):
+                page = result.get(list_key)
+                next_cursor = result.get("nextCursor")
+                has_next = isinstance(next_cursor, str)
+                items.extend(_present(call.method, table, target, page if isinstance(page, list) else [],
+                                      first=backend_cursor is None, last=not has_next))
+                if has_next:
+                    pending_out[name] = next_cursor
+                part_ttl = result.get("ttlMs")
+                part_ttl = max(0, part_ttl) if isinstance(part_ttl, (int, float)) and not isinstance(
+                    part_ttl, bool) else 0
+                ttl = part_ttl if ttl is None else min(ttl, part_ttl)
+                private = private or result.get("cacheScope") != "public"
+                continue
             err = outcome.get("error") or {}
-            log.warning("%s: backend %s answered error %s %s; left out", call.method, name, err.get("code"),
-                        err.get("message"))
-            failures.append(f"{name}: error {err.get('code')} {err.get('message')}")
-            continue
-        page = result.get(list_key)
-        page = page if isinstance(page, list) else []
-        items.extend(_present(call.method, table, target, page))
-        next_cursor = result.get("nextCursor")
-        if isinstance(next_cursor, str):
-            pending_out[name] = next_cursor
-        part_ttl = result.get("ttlMs")
-        part_ttl = max(0, part_ttl) if isinstance(part_ttl, (int, float)) and not isinstance(part_ttl, bool) else 0
-        ttl = part_ttl if ttl is None else min(ttl, part_ttl)
-        private = private or result.get("cacheScope") != "public"
+            detail = f"error {err.get('code')} {err.get('message')}"
+        failures.append(f"{name}: {detail}")
+        attempts = retries.get(name, 0) + 1
+        if attempts <= gw_cursor.RETRY_BUDGET:
+            # Kept in the cursor at the same position: the next page asks it again.
+            pending_out[name] = backend_cursor
+            if retries_out is None:
+                retries_out = {}
+            retries_out[name] = attempts
+            log.warning("%s: backend %s left out of this page (retried on the next): %s", call.method, name,
+                        detail)
+        else:
+            log.warning("%s: backend %s left out after %d attempts; the list ends without its remaining items: "
+                        "%s", call.method, name, attempts, detail)
 
-    if len(failures) == len(plan):
+    if len(failures) == len(plan) and not continuation:
         raise rpc.McpError(
             rpc.BACKEND_UNAVAILABLE,
             f"{call.method}: no backend answered ({'; '.join(failures)})",
@@ -111,21 +130,24 @@ async def aggregate_list(
         )
     merged: dict[str, Any] = {list_key: items, "resultType": "complete"}
     if pending_out:
-        merged["nextCursor"] = gw_cursor.encode(call.method, pending_out)
-    merged["ttlMs"] = int(ttl or 0)
+        merged["nextCursor"] = gw_cursor.encode(call.method, pending_out, retries_out)
+    # A partial answer must not be kept as the list: ttlMs 0 is "immediately stale" (SEP-2549).
+    merged["ttlMs"] = 0 if failures else int(ttl or 0)
     merged["cacheScope"] = "private" if private else "public"
     return merged
 
 
-def _present(method: str, table: RouteTable, target: Target, page: list[Any]) -> list[Any]:
-    """A backend's page as clients see it: names prefixed, routing indexes fed."""
+def _present(method: str, table: RouteTable, target: Target, page: list[Any], *, first: bool, last: bool
+             ) -> list[Any]:
+    """A backend's page as clients see it: names prefixed, routing indexes fed (`first` and
+    `last` say where the page sits in the backend's own listing)."""
     if method == "tools/list":
         page = table.filter_tools(target, page)
         return [_renamed(item, target) for item in page] if target.prefix else page
     if method == "prompts/list":
         return [_renamed(item, target) for item in page if isinstance(item, dict)] if target.prefix else page
     if method == "resources/list":
-        table.learn_resources(target, page)
+        table.learn_resources(target, page, first=first, last=last)
     elif method == "resources/templates/list":
         table.learn_templates(target, page)
     return page

@@ -3,11 +3,19 @@
 Built once from settings (prefixes, configured URI prefixes) and fed at run time by the list
 answers that pass through the gateway (which URIs a backend lists, which tool arguments it
 mirrors into `Mcp-Param-*` headers).
+
+Resource URIs resolve in this order: the operator's `resource_prefixes` (a backend cannot
+claim a URI the operator gave to another by listing it), then the URIs backends listed, then
+the literal prefixes of listed templates. A backend's complete listing replaces what it listed
+before, so ownership follows the latest lists; a URI two backends list goes to the one first
+in the configured order. The listed-URI index is bounded (least recently used out): a URI that
+fell out resolves again once a list passes by (the dispatcher re-lists on a miss).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +37,7 @@ class Target:
 
 
 class RouteTable:
-    def __init__(self, targets: Sequence[Target]) -> None:
+    def __init__(self, targets: Sequence[Target], *, max_uris: int = 100_000) -> None:
         self.targets: tuple[Target, ...] = tuple(targets)
         self.by_name = {t.backend.name: t for t in self.targets}
         # Prefix lookup by length: a name is resolved with one dict probe per distinct prefix
@@ -41,7 +49,14 @@ class RouteTable:
             key=lambda pt: len(pt[0]),
             reverse=True,
         )
-        self._uris: dict[str, Target] = {}
+        # URI → the targets that list it, in configured order (the first owns it); LRU order.
+        self._uris: OrderedDict[str, list[Target]] = OrderedDict()
+        self._max_uris = max_uris
+        self._order = {t.backend.name: i for i, t in enumerate(self.targets)}
+        # Per backend: the URIs of its last complete listing, and of the listing in progress.
+        self._listed: dict[str, set[str]] = {}
+        self._listing: dict[str, set[str]] = {}
+        self._conflicts_logged: set[tuple[str, str]] = set()
         self._uri_templates: list[tuple[str, Target]] = []
         self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
         # Per backend: the last tools list filtered (held, so `is` is a sound test) and its result.
@@ -61,12 +76,13 @@ class RouteTable:
     # -- resource URIs --------------------------------------------------------------------
 
     def resolve_uri(self, uri: str) -> Target | None:
-        target = self._uris.get(uri)
-        if target is not None:
-            return target
         for prefix, t in self._uri_prefixes:
             if uri.startswith(prefix):
                 return t
+        listers = self._uris.get(uri)
+        if listers is not None:
+            self._uris.move_to_end(uri)
+            return listers[0]
         for prefix, t in self._uri_templates:
             if uri.startswith(prefix):
                 return t
@@ -74,10 +90,57 @@ class RouteTable:
             return self.targets[0]
         return None
 
-    def learn_resources(self, target: Target, resources: list[Any]) -> None:
+    def learn_resources(self, target: Target, resources: list[Any], *, first: bool = True,
+                        last: bool = True) -> None:
+        """Index one page of `target`'s resources/list. `first`: the page starts a listing;
+        `last`: it ends one, and the URIs the backend no longer lists stop routing to it."""
+        name = target.backend.name
+        if first:
+            self._listing[name] = set()
+        # A later page whose first page this replica did not see only adds: without the whole
+        # listing nothing can be known to be gone.
+        listing = self._listing.get(name)
+        listed = self._listed.setdefault(name, set())
         for res in resources:
             if isinstance(res, dict) and isinstance(res.get("uri"), str):
-                self._uris.setdefault(res["uri"], target)
+                uri = res["uri"]
+                self._index(target, uri)
+                if listing is None:
+                    listed.add(uri)
+                elif len(listing) < self._max_uris:
+                    listing.add(uri)
+        if last and listing is not None:
+            del self._listing[name]
+            for uri in listed - listing:
+                self._forget(target, uri)
+            self._listed[name] = {uri for uri in listing if uri in self._uris}
+
+    def _index(self, target: Target, uri: str) -> None:
+        listers = self._uris.get(uri)
+        if listers is None:
+            self._uris[uri] = [target]
+            while len(self._uris) > self._max_uris:
+                evicted, gone = self._uris.popitem(last=False)
+                for t in gone:
+                    self._listed.get(t.backend.name, set()).discard(evicted)
+            return
+        self._uris.move_to_end(uri)
+        if target in listers:
+            return
+        listers.append(target)
+        listers.sort(key=lambda t: self._order.get(t.backend.name, len(self._order)))
+        owner, other = listers[0].backend.name, (listers[1] if listers[0] is target else target).backend.name
+        if (owner, other) not in self._conflicts_logged:
+            self._conflicts_logged.add((owner, other))
+            log.warning("resource %r is listed by backends %s and %s; routed to %s (first in the configured "
+                        "order; further URIs both list are not logged)", uri, owner, other, owner)
+
+    def _forget(self, target: Target, uri: str) -> None:
+        listers = self._uris.get(uri)
+        if listers is not None and target in listers:
+            listers.remove(target)
+            if not listers:
+                del self._uris[uri]
 
     def learn_templates(self, target: Target, templates: list[Any]) -> None:
         for tpl in templates:

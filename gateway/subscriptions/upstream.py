@@ -1,7 +1,8 @@
 """One upstream `subscriptions/listen`, shared by every client stream that needs it.
 
-A stream is identified by a `StreamKey`: the backend, the filter the gateway asks it for and,
-for backends whose notifications depend on who listens, the principal. Each replica keeps one
+A stream is identified by a `StreamKey`: the backend and the filter the gateway asks it for.
+No principal: the gateway never forwards a caller's identity upstream, so what a backend sends
+cannot depend on who listens (docs/subscriptions.md "Upstream listens"). Each replica keeps one
 `UpstreamListen` per key that its clients use; across replicas, the one holding the key's
 lease on the bus runs the actual upstream request and the others follow (they hear its
 events on the bus).
@@ -47,11 +48,10 @@ log = logging.getLogger("gateway.subscriptions.upstream")
 class StreamKey:
     backend: str
     filter: SubscriptionFilter
-    principal: str | None = None
 
     def stream_id(self) -> str:
         """Stable across replicas (it names the stream's lease and events on the bus)."""
-        canonical = orjson.dumps([self.backend, sorted(self.filter.lists), sorted(self.filter.uris), self.principal])
+        canonical = orjson.dumps([self.backend, sorted(self.filter.lists), sorted(self.filter.uris)])
         return hashlib.sha256(canonical).hexdigest()[:32]
 
 
@@ -208,8 +208,6 @@ class UpstreamListen:
             try:
                 call = internal_call("subscriptions/listen", {"notifications": wire},
                                      request_id=f"mcp-gateway-listen-{self.id[:12]}")
-                # Backends that see the caller's identity get the principal's own listen.
-                call.principal = self.key.principal
                 reply = await self.backend.send(call)
                 if reply.stream is None:
                     error = (reply.message or {}).get("error") or {}

@@ -15,6 +15,7 @@ import yaml
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
+from tests.support.listen import eventually
 from tests.support.procs import free_port, gateway_process
 from tests.support.scripted import Scripted
 
@@ -71,7 +72,12 @@ async def test_readyz_follows_a_backend_coming_back(client):
         assert (await client.get(f"{gw.base}/readyz")).status_code == 503
         server.start()
         try:
-            assert (await client.get(f"{gw.base}/readyz")).status_code == 200
+            # Within the few seconds a failed discovery is remembered (Backend.discover), the
+            # probe repeats the failure; after them it asks the backend again.
+            async def ready() -> bool:
+                return (await client.get(f"{gw.base}/readyz")).status_code == 200
+
+            await eventually(ready)
         finally:
             server.stop()
 

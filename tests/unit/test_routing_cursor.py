@@ -34,3 +34,12 @@ def test_invalid_cursors_are_invalid_params(token):
     with pytest.raises(rpc.McpError) as info:
         gw_cursor.decode("tools/list", token, 5)
     assert (info.value.code, info.value.request_id) == (rpc.INVALID_PARAMS, 5)
+
+
+def test_failed_backends_travel_with_their_retry_count():
+    token = gw_cursor.encode("tools/list", {"a": "2", "b": None}, {"b": 1})
+    assert gw_cursor.decode_position("tools/list", token, 1) == ({"a": "2", "b": None}, {"b": 1})
+    # Over budget, or counted for a backend not in the cursor: not a cursor this gateway made.
+    for retries in ({"b": gw_cursor.RETRY_BUDGET + 1}, {"c": 1}, {"b": True}):
+        with pytest.raises(rpc.McpError):
+            gw_cursor.decode_position("tools/list", gw_cursor.encode("tools/list", {"b": None}, retries), 1)

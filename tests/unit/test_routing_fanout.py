@@ -109,3 +109,71 @@ async def test_all_failing_is_one_error_naming_every_backend():
     assert err.code == rpc.BACKEND_UNAVAILABLE and err.request_id == 9
     assert err.data == {"backends": ["a", "b"]}
     assert "'a'" in err.message and "'b'" in err.message
+
+
+# -- partial answers ---------------------------------------------------------------------
+
+
+async def test_a_partial_answer_has_ttl_0_and_pages_on_to_the_failed_backend():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    b_down = True
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        if t is b and b_down:
+            raise rpc.backend_unavailable("b", "connection refused")
+        return page([{"name": "x"}])
+
+    first = await aggregate_list(list_call(), table, table.targets, fetch)
+    assert [t["name"] for t in first["tools"]] == ["a__x"]
+    assert first["ttlMs"] == 0  # a's 1000 ms would present the partial list as the list
+    assert gw_cursor.decode_position("tools/list", first["nextCursor"], None) == ({"b": None}, {"b": 1})
+
+    b_down = False
+    second = await aggregate_list(list_call(cursor=first["nextCursor"]), table, table.targets, fetch)
+    assert [t["name"] for t in second["tools"]] == ["b__x"]  # b's first page, asked again
+    assert second["ttlMs"] == 1000 and "nextCursor" not in second
+
+
+async def test_a_failed_continuation_keeps_the_backends_own_cursor():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    failing = False
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        if t is a and sub.params.get("cursor") == "a-2":
+            if failing:
+                raise rpc.backend_timeout("a", 1.0)
+            return page([{"name": "z"}])
+        return page([{"name": "x"}], cursor="a-2" if t is a else None)
+
+    first = await aggregate_list(list_call(), table, table.targets, fetch)
+    failing = True
+    second = await aggregate_list(list_call(cursor=first["nextCursor"]), table, table.targets, fetch)
+    assert second["tools"] == [] and second["ttlMs"] == 0  # every backend failed: still a page
+    assert gw_cursor.decode_position("tools/list", second["nextCursor"], None) == ({"a": "a-2"}, {"a": 1})
+    failing = False
+    third = await aggregate_list(list_call(cursor=second["nextCursor"]), table, table.targets, fetch)
+    assert [t["name"] for t in third["tools"]] == ["a__z"] and "nextCursor" not in third
+
+
+async def test_a_backend_that_stays_down_does_not_page_forever():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    asked: list[str | None] = []
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        if t is b:
+            asked.append(sub.params.get("cursor"))
+            raise rpc.backend_unavailable("b", "connection refused")
+        return page([{"name": "x"}])
+
+    result = await aggregate_list(list_call(), table, table.targets, fetch)
+    pages = 1
+    while "nextCursor" in result:
+        assert result["ttlMs"] == 0
+        result = await aggregate_list(list_call(cursor=result["nextCursor"]), table, table.targets, fetch)
+        pages += 1
+        assert pages <= 10, "the list never ended"
+    assert result["ttlMs"] == 0
+    assert asked == [None] * (1 + gw_cursor.RETRY_BUDGET)  # first page each time, budget then stop

@@ -81,3 +81,56 @@ def test_a_list_seen_again_is_not_walked_again_but_a_new_list_is():
     # The earlier list object, no longer the last one filtered, is walked again too.
     assert table.filter_tools(a, cached) == cached
     assert table.param_headers(a, "t") is not None
+
+
+# -- resource URI ownership --------------------------------------------------------------
+
+
+def test_configured_prefixes_win_over_listed_uris():
+    a, b = target("a", "a__"), target("b", "b__", resource_prefixes=("b://",))
+    table = RouteTable([a, b])
+    table.learn_resources(a, [{"uri": "b://secrets"}])  # a cannot claim what the operator gave b
+    assert table.resolve_uri("b://secrets") is b
+
+
+def test_a_new_listing_replaces_the_backends_previous_uris():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    table.learn_resources(a, [{"uri": "x://1"}, {"uri": "x://2"}])
+    table.learn_resources(a, [{"uri": "x://2"}])
+    assert table.resolve_uri("x://1") is None
+    assert table.resolve_uri("x://2") is a
+
+
+def test_a_uri_two_backends_list_goes_to_the_first_configured_then_follows_the_lists(caplog):
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    table.learn_resources(b, [{"uri": "x://shared"}, {"uri": "x://also"}])
+    assert table.resolve_uri("x://shared") is b
+    table.learn_resources(a, [{"uri": "x://shared"}, {"uri": "x://also"}])
+    assert table.resolve_uri("x://shared") is a  # configured order, not who listed first
+    assert len([r for r in caplog.records if "listed by backends" in r.getMessage()]) == 1  # logged once
+    table.learn_resources(a, [])
+    assert table.resolve_uri("x://shared") is b  # a no longer lists it; b still does
+
+
+def test_a_paged_listing_replaces_only_once_complete():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    table.learn_resources(a, [{"uri": "x://1"}], first=True, last=False)
+    table.learn_resources(a, [{"uri": "x://2"}], first=False, last=True)
+    table.learn_resources(a, [{"uri": "x://1"}], first=True, last=False)
+    assert table.resolve_uri("x://2") is a  # the new listing has not reached page 2 yet
+    table.learn_resources(a, [], first=False, last=True)
+    assert table.resolve_uri("x://2") is None
+    assert table.resolve_uri("x://1") is a
+
+
+def test_the_uri_index_is_bounded_least_recently_used_out():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b], max_uris=2)
+    table.learn_resources(a, [{"uri": "x://1"}, {"uri": "x://2"}])
+    assert table.resolve_uri("x://1") is a  # used: x://2 is now the oldest
+    table.learn_resources(b, [{"uri": "x://3"}])
+    assert table.resolve_uri("x://2") is None
+    assert table.resolve_uri("x://1") is a and table.resolve_uri("x://3") is b

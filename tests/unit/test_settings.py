@@ -149,6 +149,10 @@ def test_every_bad_field_is_reported_with_its_path():
          ""),
         ({"server": {"unknown_key": 1}}, "server.unknown_key", ""),
         ({"typo_section": {}}, "typo_section", ""),
+        # Removed: the gateway forwards no caller identity, so one upstream listen per
+        # (backend, filter) is exact (docs/subscriptions.md "Upstream listens").
+        ({"backends": [{"name": "a", "url": "http://h/mcp"}], "subscriptions": {"principal_scoped_backends": ["a"]}},
+         "subscriptions.principal_scoped_backends", ""),
     ],
 )
 def test_specific_problems(data, path, words):

@@ -1,0 +1,35 @@
+"""Resource routing over real HTTP (gateway/dispatch.py `_resolve_relisted`): a URI the route
+table does not hold (never listed, or evicted from its bounded index) is found by reading the
+fleet's resources/list once, not answered "not found"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.support import mcp_http
+from tests.support.gateway import running_gateway
+from tests.support.scripted import Scripted
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[Scripted, Scripted]]:
+    alpha, beta = Scripted("alpha").start(), Scripted("beta").start()
+    yield alpha, beta
+    alpha.stop()
+    beta.stop()
+
+
+async def test_an_unknown_uri_is_found_by_re_listing(pair):
+    alpha, beta = pair
+    settings = {"backends": [{"name": "alpha", "url": alpha.url}, {"name": "beta", "url": beta.url}]}
+    async with running_gateway(settings) as gw, httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        # No client listed anything; the re-list reads every page (doc-2 is on beta's second).
+        for uri in ("scripted://beta/doc-2", "scripted://alpha/doc-0"):
+            response = await mcp_http.post(client, gw.url, "resources/read", {"uri": uri})
+            assert response.status_code == 200, response.text
+            assert response.json()["result"]["contents"][0]["uri"] == uri
+        unknown = await mcp_http.post(client, gw.url, "resources/read", {"uri": "scripted://nobody/x"})
+        assert unknown.status_code == 400 and "no backend serves this URI" in unknown.json()["error"]["message"]
