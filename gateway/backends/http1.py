@@ -20,6 +20,7 @@ transport's POSTs (`legacy/http.py`) are indifferent to which they hold.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import collections
 import logging
 import ssl
@@ -28,7 +29,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
-import orjson
 
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
@@ -225,17 +225,9 @@ class UpstreamResponse:
     async def sse_messages(self) -> AsyncIterator[Any]:
         """Parsed JSON payloads of the stream's `message` events, as they arrive. Closing the
         iterator closes the connection (the backend sees the modern cancellation)."""
-        decoder = sse.Decoder()
         try:
-            async for chunk in self.iter_chunks():
-                for event, data in decoder.feed(chunk):
-                    if event != "message" or not data:
-                        continue  # priming events, unknown event types
-                    try:
-                        payload = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        log.warning("backend %s sent an SSE event that is not JSON; dropped", self.backend)
-                        continue
+            async with contextlib.aclosing(sse.json_payloads(self.iter_chunks(), f"backend {self.backend}")) as payloads:
+                async for payload in payloads:
                     yield payload
         finally:
             self.close()

@@ -10,12 +10,12 @@ where speed does not matter (JWKS, tests).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
-import orjson
 
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
@@ -45,17 +45,9 @@ class UpstreamResponse:
     async def sse_messages(self) -> AsyncIterator[Any]:
         """Parsed JSON payloads of the stream's `message` events, as they arrive. Closing the
         iterator closes the connection (the backend sees the modern cancellation)."""
-        decoder = sse.Decoder()
         try:
-            async for chunk in self._response.content.iter_any():
-                for event, data in decoder.feed(chunk):
-                    if event != "message" or not data:
-                        continue  # priming events, unknown event types
-                    try:
-                        payload = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        log.warning("backend %s sent an SSE event that is not JSON; dropped", self.backend)
-                        continue
+            async with contextlib.aclosing(sse.json_payloads(self._response.content.iter_any(), f"backend {self.backend}")) as payloads:
+                async for payload in payloads:
                     yield payload
         finally:
             self._response.close()

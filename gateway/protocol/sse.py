@@ -6,9 +6,13 @@ response. `Decoder` parses the upstream streams the gateway relays.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+
+log = logging.getLogger("gateway.protocol.sse")
 
 # Comment line: clients ignore it; it keeps idle connections and proxies from timing out.
 KEEPALIVE = b":\r\n\r\n"
@@ -100,3 +104,20 @@ class Decoder:
         elif field == "retry" and value.isdigit():
             self.retry_ms = int(value)
         return None
+
+
+async def json_payloads(chunks: AsyncIterator[bytes], source: str) -> AsyncIterator[Any]:
+    """The parsed JSON of each `message` event in a byte stream, as it arrives. Priming
+    events (empty data), other event types and non-JSON data are skipped (the last logged,
+    naming `source`)."""
+    decoder = Decoder()
+    async for chunk in chunks:
+        for event, data in decoder.feed(chunk):
+            if event != "message" or not data:
+                continue
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                log.warning("%s sent an SSE event that is not JSON; dropped", source)
+                continue
+            yield payload

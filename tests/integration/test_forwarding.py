@@ -6,7 +6,7 @@ idempotent reads and only before any byte reached the client, and a backend kill
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -17,20 +17,6 @@ from tests.support import mcp_http
 from tests.support.gateway import running_gateway
 from tests.support.procs import free_port
 from tests.support.scripted import Scripted
-
-
-@pytest.fixture(scope="module")
-def alpha() -> Iterator[Scripted]:
-    server = Scripted("alpha").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def beta() -> Iterator[Scripted]:
-    server = Scripted("beta").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

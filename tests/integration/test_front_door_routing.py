@@ -22,13 +22,6 @@ OFFERED_TOOLS = [t["name"] for t in TOOLS if t["name"] != "bad_header_tool"]
 
 
 @pytest.fixture(scope="module")
-def alpha() -> Iterator[Scripted]:
-    server = Scripted("alpha").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def beta() -> Iterator[Scripted]:
     server = Scripted("beta", page_size=3).start()
     yield server

@@ -5,7 +5,6 @@ calls on each backend, a progress-streaming call, an input-required round trip, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from mcp import Client
@@ -14,24 +13,9 @@ from mcp_types import ElicitResult
 
 from tests.fixtures.servers.scripted_modern import PROMPTS, TOOLS
 from tests.support.gateway import running_gateway
-from tests.support.scripted import Scripted
 
 MODES = ["2026-07-28", "auto"]
 OFFERED_TOOLS = [t["name"] for t in TOOLS if t["name"] != "bad_header_tool"]
-
-
-@pytest.fixture(scope="module")
-def alpha() -> Iterator[Scripted]:
-    server = Scripted("alpha").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def beta() -> Iterator[Scripted]:
-    server = Scripted("beta").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
