@@ -69,6 +69,11 @@ async def _serve(settings: GatewaySettings) -> None:
             # no longer walks it. Those walks were the pass-through p99 (tens of ms every few
             # seconds under load; bench/README.md "Profile").
             gc.freeze()
+            # Discovery runs in the background and fills the route table (tool indexes, URIs):
+            # long-lived too, and with 1,000 backends the bulk of the heap. Freeze it when done.
+            discovery = app.runtime.discovery_task
+            if discovery is not None:
+                discovery.add_done_callback(lambda _task: gc.freeze())
 
         async def shutdown(self, sockets: Any = None) -> None:
             # Long-lived streams get their graceful end first, so the drain can finish.

@@ -57,6 +57,11 @@ class Runtime:
 
         await asyncio.gather(*(one(b) for b in self.backends))
 
+    @property
+    def discovery_task(self) -> asyncio.Task[None] | None:
+        """The start-up discovery of every backend, while or after it runs."""
+        return self._discovery
+
     async def begin_shutdown(self) -> None:
         """Called when the server stops accepting: long-lived streams get their graceful end
         so that in-flight requests can drain."""
