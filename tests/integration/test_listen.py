@@ -90,6 +90,9 @@ async def test_ack_first_ids_retagged_only_requested_types_and_graceful_close(mu
         assert sorted(n["method"] for n in witness.notifications) == sorted(
             [TOOLS_CHANGED, "notifications/resources/list_changed", UPDATED, UPDATED])
         assert all(n["params"]["_meta"][SUB] == "witness" for n in witness.notifications)
+        # The narrow stream has its own upstream listen (another URI set): wait for its update
+        # too before shutting down, or the closure could overtake it.
+        await narrow.wait_count(2)
 
         await gw.runtime.begin_shutdown()
         await narrow.wait(lambda: narrow.ended)
