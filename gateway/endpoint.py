@@ -150,10 +150,10 @@ class McpEndpoint:
             body = reply.raw if reply.raw is not None else orjson.dumps(reply.message)
             await asgi.send_bytes(send, reply.status, body, asgi.JSON_HEADERS + extra)
             return
-        await self._write_stream(reply.stream, call, send, extra)
+        await self._write_stream(reply.stream, call, send, extra, reply.backend)
 
     async def _write_stream(self, stream: AsyncIterator[Message], call: Call, send: asgi.Send,
-                            extra: list[tuple[bytes, bytes]]) -> None:
+                            extra: list[tuple[bytes, bytes]], backend: str) -> None:
         """Relay a stream event by event, with keep-alive comments on quiet stretches."""
         if getattr(stream, "cancel_safe_next", False):
             await self._write_cancel_safe_stream(stream, call, send, extra)
@@ -173,7 +173,7 @@ class McpEndpoint:
                 raise
             except Exception as exc:  # a broken backend must not break the client's stream framing
                 log.exception("stream from backend failed")
-                await queue.put(("err", rpc.backend_protocol_error("?", repr(exc), call.id)))
+                await queue.put(("err", rpc.backend_protocol_error(backend, repr(exc), call.id)))
 
         pumper = asyncio.ensure_future(pump())
         await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + extra})
