@@ -150,11 +150,13 @@ class McpEndpoint:
             body = reply.raw if reply.raw is not None else orjson.dumps(reply.message)
             await asgi.send_bytes(send, reply.status, body, asgi.JSON_HEADERS + extra)
             return
-        await self._write_stream(reply.stream, call, send, extra, reply.backend)
+        await self._write_stream(reply, call, send, extra)
 
-    async def _write_stream(self, stream: AsyncIterator[Message], call: Call, send: asgi.Send,
-                            extra: list[tuple[bytes, bytes]], backend: str) -> None:
+    async def _write_stream(self, reply: Reply, call: Call, send: asgi.Send,
+                            extra: list[tuple[bytes, bytes]]) -> None:
         """Relay a stream event by event, with keep-alive comments on quiet stretches."""
+        stream, backend = reply.stream, reply.backend
+        assert stream is not None
         if getattr(stream, "cancel_safe_next", False):
             await self._write_cancel_safe_stream(stream, call, send, extra)
             return
@@ -176,8 +178,10 @@ class McpEndpoint:
                 await queue.put(("err", rpc.backend_protocol_error(backend, repr(exc), call.id)))
 
         pumper = asyncio.ensure_future(pump())
-        await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + extra})
         try:
+            # Inside the try: if the client is already gone, the pump and the upstream stream
+            # are still closed below.
+            await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + extra})
             while True:
                 try:
                     # asyncio.timeout reschedules one timer; wait_for would wrap a task per
@@ -204,7 +208,7 @@ class McpEndpoint:
             pumper.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pumper
-            await aclose(stream)
+            await reply.aclose()
 
 
     async def _write_cancel_safe_stream(self, stream: AsyncIterator[Message], call: Call, send: asgi.Send,

@@ -14,8 +14,8 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -48,6 +48,9 @@ class Reply:
     raw: bytes | None = None
     # Extra response headers for the client (e.g. X-Cache), set above the backend.
     headers: list[tuple[bytes, bytes]] | None = None
+    # Run by `aclose()`: what must be released even if the stream was never iterated (an
+    # async generator that never started runs no `finally` when closed).
+    closers: list[Callable[[], None]] = field(default_factory=list)
 
     async def final(self) -> Message:
         """The final JSON-RPC response; notifications on a stream are dropped."""
@@ -68,8 +71,12 @@ class Reply:
         return last
 
     async def aclose(self) -> None:
-        if self.stream is not None:
-            await aclose(self.stream)
+        try:
+            if self.stream is not None:
+                await aclose(self.stream)
+        finally:
+            for closer in self.closers:
+                closer()
 
 
 async def aclose(stream: AsyncIterator[Any]) -> None:

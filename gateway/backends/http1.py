@@ -77,9 +77,16 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
-        if self.response is not None and not self.response.complete:
-            self.response._fail(UpstreamConnectionError(
-                f"connection closed before the response was complete{f': {exc}' if exc else ''}"))
+        response = self.response
+        if response is not None and not response.complete:
+            if exc is None and response.delimited_by_close:
+                # No Content-Length and not chunked: the end of the connection is the end of
+                # the body (RFC 9112 §6.3 rule 8); httptools does not report it as complete.
+                response._keep_alive = False
+                response._finish()
+            else:
+                response._fail(UpstreamConnectionError(
+                    f"connection closed before the response was complete{f': {exc}' if exc else ''}"))
 
     def _fail(self, exc: Exception) -> None:
         if self.response is not None:
@@ -133,6 +140,14 @@ class UpstreamResponse:
         self.status = 0
         self.content_type = ""
         self.headers: dict[str, str] = {}
+
+    @property
+    def delimited_by_close(self) -> bool:
+        """Headers are in and the body has no framing of its own: it ends with the connection."""
+        if not self.headers_received or self.status in (204, 304) or 100 <= self.status < 200:
+            return False
+        return "content-length" not in self.headers and "chunked" not in self.headers.get(
+            "transfer-encoding", "").lower()
 
     # -- fed by the connection ------------------------------------------------------------
 
@@ -204,11 +219,16 @@ class UpstreamResponse:
     # -- the consumer side ----------------------------------------------------------------
 
     async def read(self) -> bytes:
-        """The whole body; the connection goes back to the pool."""
+        """The whole body; the connection goes back to the pool. Buffered bytes are taken as
+        they come, so a body larger than the flow-control mark keeps the socket reading."""
+        parts: list[bytes] = []
         try:
-            while not self.complete:
+            while True:
+                if self._chunks:
+                    parts.append(self._take())
+                if self.complete:
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
                 await self._wait()
-            return self._take()
         finally:
             self.release()
 
@@ -265,7 +285,8 @@ class UpstreamResponse:
         self._released = True
         connection = self._connection
         connection.response = None
-        if self.complete and self._keep_alive and self._error is None and connection.open:
+        if (self.complete and self._keep_alive and self._error is None and connection.open
+                and not self._client._closed):  # a closed client's pools are gone: close, don't pool
             self._pool.put(connection)
         else:
             connection.close()
@@ -356,7 +377,16 @@ class Http1Client:
         pool = self._pools.get(origin)
         if pool is None:
             pool = self._pools[origin] = _Pool(max(self._max_connections, 1))
-        await self._slots.acquire()
+        try:
+            # Bounded: a pool whose every connection is held (by slow or leaked exchanges)
+            # refuses new calls clearly instead of queueing them without end.
+            async with asyncio.timeout(self._connect_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise rpc.gateway_overloaded(
+                f"all {self._max_connections} connections to backend {self.backend!r} are in use",
+                limit="backends[].max_connections", data={"backend": self.backend}, request_id=request_id,
+            ) from None
         connection = pool.get()
         if connection is None:
             try:

@@ -87,7 +87,9 @@ class ModernHttpBackend(Backend):
         response = await self._client.post(self.url, call.wire_body(), self._headers(call),
                                            read_timeout=read_timeout, request_id=call.id)
         if response.content_type == "text/event-stream" and response.status < 400:
-            return Reply(self.name, response.status, stream=self._events(response, call))
+            reply = Reply(self.name, response.status, stream=self._events(response, call))
+            reply.closers.append(response.close)
+            return reply
         try:
             body = await response.read()
         except TimeoutError:

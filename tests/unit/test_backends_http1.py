@@ -267,3 +267,78 @@ async def test_finish_closes_a_stream_that_does_not_end() -> None:
         again.close()
         await client.aclose()
     assert len(connections) == 2
+
+
+async def test_a_body_larger_than_the_flow_control_mark_is_read_whole() -> None:
+    # read() must keep taking bytes as they come: a 4 MiB answer once paused the socket at
+    # 256 KiB and waited for a read timeout.
+    big = b'{"x":"' + b"a" * (4 * 1024 * 1024) + b'"}'
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(json_answer(big))
+        await writer.drain()
+
+    async with serve(answer) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        assert await asyncio.wait_for(response.read(), 20) == big
+        await client.aclose()
+
+
+async def test_a_body_delimited_by_the_end_of_the_connection() -> None:
+    # No Content-Length, not chunked: the body ends when the server closes (RFC 9112 §6.3).
+    async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"ok\":true}")
+        await writer.drain()
+
+    async with serve(close_delimited) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        assert await asyncio.wait_for(response.read(), 10) == b'{"ok":true}'
+        # That connection is not reused; the next request opens another and succeeds.
+        again = await asyncio.wait_for(client.post(url, b"{}", {}, read_timeout=5), 5)
+        assert await asyncio.wait_for(again.read(), 10) == b'{"ok":true}'
+        await client.aclose()
+
+
+async def test_a_full_pool_refuses_clearly_instead_of_queueing_forever() -> None:
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)  # the stream never ends
+
+    async with serve(hold) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=0.5)
+        held = await client.post(url, b"{}", {}, read_timeout=None)
+        with pytest.raises(rpc.McpError) as refused:
+            await client.post(url, b"{}", {}, read_timeout=5)
+        assert refused.value.code == rpc.GATEWAY_OVERLOADED
+        assert refused.value.data["backend"] == "b"
+        held.close()
+        await client.aclose()
+
+
+async def test_a_stream_reply_closed_unread_gives_its_connection_back() -> None:
+    # An async generator that never started runs no `finally` when closed: the Reply's closers
+    # release the upstream response anyway (gateway/backends/base.py Reply.closers).
+    from gateway.backends.modern import ModernHttpBackend
+    from gateway.backends.base import internal_call
+    from gateway.settings import BackendSettings
+
+    async def sse_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            await writer.drain()
+
+    async with serve(sse_forever) as (url, _):
+        backend = ModernHttpBackend(BackendSettings(name="s", url=url, max_connections=1,
+                                                    connect_timeout_seconds=0.5))
+        for _ in range(3):  # with the slot leaked, the second call would be refused
+            reply = await backend.send(internal_call("tools/call", {"name": "x"}))
+            assert reply.stream is not None
+            await reply.aclose()
+        await backend.aclose()
