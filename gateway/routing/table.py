@@ -56,6 +56,8 @@ class RouteTable:
         # Per backend: the URIs of its last complete listing, and of the listing in progress.
         self._listed: dict[str, set[str]] = {}
         self._listing: dict[str, set[str]] = {}
+        # Backends whose listing in progress cannot conclude which URIs are gone.
+        self._inconclusive: set[str] = set()
         self._conflicts_logged: set[tuple[str, str]] = set()
         self._uri_templates: list[tuple[str, Target]] = []
         self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
@@ -96,6 +98,13 @@ class RouteTable:
         `last`: it ends one, and the URIs the backend no longer lists stop routing to it."""
         name = target.backend.name
         if first:
+            abandoned = self._listing.get(name)
+            if abandoned is not None:
+                # Two listings interleave (two clients paging at once): the pages no longer
+                # form one listing, so this round may add URIs but must not conclude any gone;
+                # what the abandoned one saw counts as listed.
+                self._inconclusive.add(name)
+                self._listed.setdefault(name, set()).update(u for u in abandoned if u in self._uris)
             self._listing[name] = set()
         # A later page whose first page this replica did not see only adds: without the whole
         # listing nothing can be known to be gone.
@@ -109,8 +118,14 @@ class RouteTable:
                     listed.add(uri)
                 elif len(listing) < self._max_uris:
                     listing.add(uri)
+                else:
+                    self._inconclusive.add(name)  # past the index bound: the rest went unseen
         if last and listing is not None:
             del self._listing[name]
+            if name in self._inconclusive:
+                self._inconclusive.discard(name)
+                listed.update(uri for uri in listing if uri in self._uris)
+                return
             for uri in listed - listing:
                 self._forget(target, uri)
             self._listed[name] = {uri for uri in listing if uri in self._uris}

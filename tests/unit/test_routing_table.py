@@ -134,3 +134,19 @@ def test_the_uri_index_is_bounded_least_recently_used_out():
     table.learn_resources(b, [{"uri": "x://3"}])
     assert table.resolve_uri("x://2") is None
     assert table.resolve_uri("x://1") is a and table.resolve_uri("x://3") is b
+
+
+def test_interleaved_listings_forget_nothing():
+    # Client A pages 1-2, client B starts over, A reads the last page: the pages no longer form
+    # one listing, so x://2 (seen only on A's page 2) must still route.
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    table.learn_resources(a, [{"uri": "x://1"}], first=True, last=False)
+    table.learn_resources(a, [{"uri": "x://2"}], first=False, last=False)
+    table.learn_resources(a, [{"uri": "x://1"}], first=True, last=False)  # B's first page
+    table.learn_resources(a, [{"uri": "x://3"}], first=False, last=True)  # A's last page
+    assert table.resolve_uri("x://2") is a
+    # The next uninterrupted listing concludes again.
+    table.learn_resources(a, [{"uri": "x://1"}], first=True, last=True)
+    assert table.resolve_uri("x://2") is None and table.resolve_uri("x://1") is a
+
