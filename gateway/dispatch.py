@@ -55,6 +55,7 @@ class Dispatcher:
         self.instructions = instructions
         self._tool_index_refreshed: dict[str, float] = {}
         self._resource_index_refreshed = float("-inf")
+        self._resource_index_refresh: asyncio.Future[Any] | None = None
 
     async def dispatch(self, call: Call) -> Reply:
         method = call.method
@@ -193,11 +194,17 @@ class Dispatcher:
         """The backend that serves a URI the route table does not know (never listed, or
         evicted from its bounded index): the fleet's resources/list is read once, bounded in
         rate, before the answer is "nobody"."""
-        now = time.monotonic()
-        if now - self._resource_index_refreshed < _RESOURCE_INDEX_REFRESH_SECONDS:
-            return None
-        self._resource_index_refreshed = now
-        await asyncio.gather(*(self._refresh_resource_index(t) for t in self.capable("resources")))
+        refresh = self._resource_index_refresh
+        if refresh is None or refresh.done():
+            if time.monotonic() - self._resource_index_refreshed < _RESOURCE_INDEX_REFRESH_SECONDS:
+                return None
+            self._resource_index_refreshed = time.monotonic()
+            # One shared refresh: misses that arrive while it runs wait for it rather than
+            # being told "not found" for a URI it is about to learn. Shielded, so a caller
+            # that goes away does not cancel it for the others.
+            refresh = self._resource_index_refresh = asyncio.ensure_future(
+                asyncio.gather(*(self._refresh_resource_index(t) for t in self.capable("resources"))))
+        await asyncio.shield(refresh)
         return self.table.resolve_uri(uri)
 
     async def _refresh_resource_index(self, target: Target) -> None:

@@ -33,3 +33,18 @@ async def test_an_unknown_uri_is_found_by_re_listing(pair):
             assert response.json()["result"]["contents"][0]["uri"] == uri
         unknown = await mcp_http.post(client, gw.url, "resources/read", {"uri": "scripted://nobody/x"})
         assert unknown.status_code == 400 and "no backend serves this URI" in unknown.json()["error"]["message"]
+
+
+async def test_concurrent_misses_share_one_re_listing(pair):
+    # Reads that arrive while the re-list runs wait for it instead of being told "not found".
+    import asyncio
+
+    alpha, beta = pair
+    settings = {"backends": [{"name": "alpha", "url": alpha.url}, {"name": "beta", "url": beta.url}]}
+    async with running_gateway(settings) as gw, httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        uris = ["scripted://beta/doc-2", "scripted://alpha/doc-0", "scripted://beta/doc-0", "scripted://alpha/doc-1"]
+        responses = await asyncio.gather(*(mcp_http.post(client, gw.url, "resources/read", {"uri": u}, id=n)
+                                           for n, u in enumerate(uris)))
+        for uri, response in zip(uris, responses):
+            assert response.status_code == 200, (uri, response.text)
+            assert response.json()["result"]["contents"][0]["uri"] == uri
