@@ -31,11 +31,11 @@ class RequestTelemetry:
                 status = message["status"]
             await send(message)
 
-        metrics.IN_FLIGHT.inc()
+        metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            metrics.IN_FLIGHT.dec()
+            metrics.in_flight.dec()
             metrics.requests_child(method, metrics.status_label(status)).inc()
             metrics.request_seconds_child(method).observe(time.perf_counter() - started)
             tracing.end_request_span(span, status)

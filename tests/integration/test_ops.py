@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
@@ -82,11 +83,43 @@ async def test_readyz_follows_a_backend_coming_back(client):
             server.stop()
 
 
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 async def test_metrics_are_prometheus_text(backend, client):
     async with running_gateway({"backends": [{"name": "ops", "url": backend.url}]}) as gw:
         response = await client.get(f"{gw.base}/metrics")
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/plain")
+
+
+async def test_metrics_count_answered_refused_and_forwarded_requests(backend, client):
+    # The per-request metrics are loop-owned values (observability/loop_metrics.py): this
+    # checks them end to end, through the exposition a Prometheus server scrapes.
+    call_ok = ("mcp_gateway_requests_total", frozenset({("method", "tools/call"), ("status", "2xx")}))
+    refused = ("mcp_gateway_requests_total", frozenset({("method", "tools/call"), ("status", "4xx")}))
+    upstream = ("mcp_gateway_backend_requests_total",
+                frozenset({("backend", "ops"), ("method", "tools/call"), ("outcome", "ok")}))
+    timed = ("mcp_gateway_request_duration_seconds_count", frozenset({("method", "tools/call")}))
+    slowest = ("mcp_gateway_request_duration_seconds_bucket", frozenset({("method", "tools/call"), ("le", "+Inf")}))
+    in_flight = ("mcp_gateway_requests_in_flight", frozenset())
+    async with running_gateway({"backends": [{"name": "ops", "url": backend.url}]}) as gw:
+        before = _samples((await client.get(f"{gw.base}/metrics")).text)
+        for _ in range(3):
+            answer = await mcp_http.post(client, gw.url, "tools/call", {"name": "echo", "arguments": {"text": "x"}})
+            assert answer.status_code == 200, answer.text
+        forbidden = await mcp_http.post(client, gw.url, "tools/call", {"name": "echo", "arguments": {"text": "x"}},
+                                        extra_headers={"Origin": "https://evil.example"})
+        assert forbidden.status_code == 403
+        after = _samples((await client.get(f"{gw.base}/metrics")).text)
+    assert after[call_ok] - before.get(call_ok, 0) == 3
+    assert after[refused] - before.get(refused, 0) == 1
+    assert after[upstream] - before.get(upstream, 0) == 3
+    assert after[timed] - before.get(timed, 0) == 4
+    assert after[slowest] == after[timed]
+    assert after[in_flight] == 0
 
 
 async def test_sigterm_lets_the_in_flight_request_finish(backend, client, tmp_path: Path):
