@@ -1,6 +1,8 @@
 """Aggregated list methods: one page from every backend, in parallel, merged in order.
 
-Each backend gets its own deadline; a backend that fails or is late is left out of that answer
+Each backend's page is bounded by its own deadline (the fetcher's job: `Dispatcher._list_page`
+arms it around the trip to the backend only, so a cache hit pays for no timer); a backend that
+fails or is late (`TimeoutError`) is left out of that answer
 (logged, never a failed request) unless every backend failed on a first page. Such a partial
 answer says so: `ttlMs` 0 (nobody may keep it as the list), and the failed backend stays in the
 gateway cursor to be asked again on the next page, a bounded number of times (cursor.py
@@ -58,9 +60,7 @@ async def aggregate_list(
             if backend_cursor is not None:
                 params["cursor"] = backend_cursor
             sub = call.with_params(params)
-        # asyncio.timeout, not wait_for: wait_for wraps the fetch in a task of its own.
-        async with asyncio.timeout(target.backend.settings.list_timeout_seconds):
-            return await fetch(target, sub)
+        return await fetch(target, sub)
 
     outcomes: list[Message | BaseException]
     if len(plan) == 1:

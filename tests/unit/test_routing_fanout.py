@@ -73,8 +73,9 @@ async def test_failed_and_late_backends_are_left_out():
     never = asyncio.Event()
 
     async def fetch(t: Target, sub) -> dict[str, Any]:
-        if t is b:
-            await never.wait()
+        if t is b:  # the fetcher bounds each backend by its list deadline (Dispatcher._list_page)
+            async with asyncio.timeout(t.backend.settings.list_timeout_seconds):
+                await never.wait()
         if t is c:
             raise rpc.backend_unavailable("c", "connection refused")
         return page([{"name": "x"}])
