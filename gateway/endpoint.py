@@ -52,7 +52,7 @@ class McpEndpoint:
                 _ALLOW,
             )
             return
-        headers = asgi.header_dict(scope)
+        headers = asgi.request_headers(scope)
         try:
             body = await asgi.read_body(receive, self.max_body_bytes)
         except asgi.BodyTooLarge:

@@ -377,16 +377,19 @@ class Http1Client:
         pool = self._pools.get(origin)
         if pool is None:
             pool = self._pools[origin] = _Pool(max(self._max_connections, 1))
-        try:
-            # Bounded: a pool whose every connection is held (by slow or leaked exchanges)
-            # refuses new calls clearly instead of queueing them without end.
-            async with asyncio.timeout(self._connect_timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise rpc.gateway_overloaded(
-                f"all {self._max_connections} connections to backend {self.backend!r} are in use",
-                limit="backends[].max_connections", data={"backend": self.backend}, request_id=request_id,
-            ) from None
+        if self._slots.locked():
+            try:
+                # Bounded: a pool whose every connection is held (by slow or leaked exchanges)
+                # refuses new calls clearly instead of queueing them without end.
+                async with asyncio.timeout(self._connect_timeout):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise rpc.gateway_overloaded(
+                    f"all {self._max_connections} connections to backend {self.backend!r} are in use",
+                    limit="backends[].max_connections", data={"backend": self.backend}, request_id=request_id,
+                ) from None
+        else:
+            await self._slots.acquire()  # a free slot: taken at once, no timer armed
         connection = pool.get()
         if connection is None:
             try:

@@ -19,11 +19,11 @@ class RequestTelemetry:
         if scope["type"] != "http" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
-        raw = asgi.get_header(scope, b"mcp-method")
-        method = metrics.method_label(raw.decode("latin-1") if raw else None)
+        headers = asgi.request_headers(scope)
+        method = metrics.method_label(headers.get("mcp-method"))
         status = 500
         started = time.perf_counter()
-        span = tracing.start_request_span(method, asgi.header_dict(scope)) if tracing.enabled() else None
+        span = tracing.start_request_span(method, headers) if tracing.enabled() else None
 
         async def send_wrapper(message: asgi.Message) -> None:
             nonlocal status

@@ -47,5 +47,6 @@ class NoAuth:
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] == "http":
-            scope["auth"] = credential_principal(asgi.get_header(scope, b"authorization"))
+            authorization = asgi.request_headers(scope).get("authorization")
+            scope["auth"] = credential_principal(authorization.encode("latin-1") if authorization else None)
         await self.app(scope, receive, send)

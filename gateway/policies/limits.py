@@ -17,12 +17,8 @@ class RequestLimits:
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] == "http":
-            size = 0
-            length = None
-            for name, value in scope["headers"]:
-                size += len(name) + len(value)
-                if name == b"content-length":
-                    length = value
+            size = sum([len(name) + len(value) for name, value in scope["headers"]])
+            length = asgi.request_headers(scope).get("content-length")
             if size > self.max_header_bytes:
                 await asgi.send_json(send, 431, rpc.error_message(
                     None, rpc.INVALID_REQUEST, f"Request headers exceed {self.max_header_bytes} bytes"))

@@ -41,6 +41,7 @@ def _is_loopback_host(host: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1024)  # per request, like _is_loopback_host; bounded likewise
 def _split_host(hostport: str) -> str:
     """The host part of a Host header value (IPv6 literals keep their brackets off)."""
     hostport = hostport.strip().lower()
@@ -77,12 +78,11 @@ class OriginPolicy:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        origin = asgi.get_header(scope, b"origin")
-        if origin is not None:
-            host = asgi.get_header(scope, b"host")
-            if not self.origin_allowed(origin.decode("latin-1"), host.decode("latin-1") if host else None):
-                await _forbid(send, f"Origin {origin.decode('latin-1')!r} is not allowed")
-                return
+        headers = asgi.request_headers(scope)
+        origin = headers.get("origin")
+        if origin is not None and not self.origin_allowed(origin, headers.get("host")):
+            await _forbid(send, f"Origin {origin!r} is not allowed")
+            return
         await self.app(scope, receive, send)
 
 
@@ -98,8 +98,7 @@ class HostPolicy:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw = asgi.get_header(scope, b"host")
-        host = _split_host(raw.decode("latin-1")) if raw else ""
+        host = _split_host(asgi.request_headers(scope).get("host", ""))
         if not (_is_loopback_host(host) or host in self.allowed):
             await _forbid(send, f"Host {host!r} is not a loopback name or an allowed host (DNS-rebinding protection)")
             return
