@@ -7,8 +7,9 @@ The request pipeline is declared here, in order, as data (the shape of Starlette
                                                                   (parse → validate → route →
                                                                    cache → forward → rewrite)
 
-Everything after "size limits" runs in `McpEndpoint` and `Dispatcher`, because it needs the
-body. Paths are matched by exact lookup: the hot path pays for no regex router.
+Host, origin, authentication (mode none) and size limits decide from the head alone: `wrap`
+runs such a row as one step (policies/head.py). Everything after "size limits" runs in
+`McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup: the hot path pays for no regex router.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gateway.endpoint import McpEndpoint
 from gateway.legacy_clients import LegacyClients
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
+from gateway.policies.head import HeadPhase, HeadPolicy
 from gateway.policies.jwt_auth import JwtAuth
 from gateway.policies.jwt_config import metadata_paths
 from gateway.policies.limits import RequestLimits
@@ -59,9 +61,24 @@ def pipeline(settings: GatewaySettings) -> list[Middleware]:
 
 
 def wrap(app: asgi.ASGIApp, steps: Sequence[Middleware]) -> asgi.ASGIApp:
+    """Build the pipeline around `app`, outermost step first in `steps`. A row of consecutive
+    head policies becomes one `HeadPhase` step that runs their checks in the declared order
+    (policies/head.py says why)."""
+    row: list[HeadPolicy] = []
     for cls, args, kwargs in reversed(steps):
+        if issubclass(cls, HeadPolicy):
+            row.insert(0, cls(app, *args, **kwargs))
+            continue
+        app = _head_phase(app, row)
+        row = []
         app = cls(app, *args, **kwargs)
-    return app
+    return _head_phase(app, row)
+
+
+def _head_phase(app: asgi.ASGIApp, row: list[HeadPolicy]) -> asgi.ASGIApp:
+    if not row:
+        return app
+    return row[0] if len(row) == 1 else HeadPhase(app, row)
 
 
 class GatewayApp:

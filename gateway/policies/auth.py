@@ -15,6 +15,7 @@ import hashlib
 from dataclasses import dataclass
 
 from gateway import asgi
+from gateway.policies.head import HeadPolicy, Refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +42,8 @@ def credential_principal(authorization: bytes | None) -> Principal:
     return Principal(f"credential:{digest}")
 
 
-class NoAuth:
-    def __init__(self, app: asgi.ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        if scope["type"] == "http":
-            authorization = asgi.request_headers(scope).get("authorization")
-            scope["auth"] = credential_principal(authorization.encode("latin-1") if authorization else None)
-        await self.app(scope, receive, send)
+class NoAuth(HeadPolicy):
+    def admit(self, scope: asgi.Scope) -> Refusal | None:
+        authorization = asgi.request_headers(scope).get("authorization")
+        scope["auth"] = credential_principal(authorization.encode("latin-1") if authorization else None)
+        return None

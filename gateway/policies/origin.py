@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from gateway import asgi
-from gateway.protocol import jsonrpc as rpc
+from gateway.policies.head import HeadPolicy, Refusal
 
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "localhost.localdomain"})
 
@@ -50,14 +50,14 @@ def _split_host(hostport: str) -> str:
     return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
 
 
-async def _forbid(send: asgi.Send, why: str) -> None:
-    await asgi.send_json(send, 403, rpc.error_message(None, rpc.INVALID_REQUEST, f"Forbidden: {why}"))
+def _forbidden(why: str) -> Refusal:
+    return Refusal(403, f"Forbidden: {why}")
 
 
-class OriginPolicy:
+class OriginPolicy(HeadPolicy):
     def __init__(self, app: asgi.ASGIApp, *, allowed_origins: Iterable[str] = (), trust_same_host: bool = True
                  ) -> None:
-        self.app = app
+        super().__init__(app)
         self.trust_same_host = trust_same_host
         origins = {o.rstrip("/").lower() for o in allowed_origins}
         self.allow_any = "*" in origins
@@ -74,32 +74,24 @@ class OriginPolicy:
             return True
         return self.trust_same_host and host is not None and parts.netloc == host.lower()
 
-    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def admit(self, scope: asgi.Scope) -> Refusal | None:
         headers = asgi.request_headers(scope)
         origin = headers.get("origin")
         if origin is not None and not self.origin_allowed(origin, headers.get("host")):
-            await _forbid(send, f"Origin {origin!r} is not allowed")
-            return
-        await self.app(scope, receive, send)
+            return _forbidden(f"Origin {origin!r} is not allowed")
+        return None
 
 
-class HostPolicy:
+class HostPolicy(HeadPolicy):
     """Refuses a `Host` that is neither a loopback name nor in `allowed_hosts`. Installed when
     the gateway is bound to loopback, or when `server.allowed_hosts` is configured."""
 
     def __init__(self, app: asgi.ASGIApp, *, allowed_hosts: Iterable[str] = ()) -> None:
-        self.app = app
+        super().__init__(app)
         self.allowed = frozenset(h.lower() for h in allowed_hosts)
 
-    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def admit(self, scope: asgi.Scope) -> Refusal | None:
         host = _split_host(asgi.request_headers(scope).get("host", ""))
         if not (_is_loopback_host(host) or host in self.allowed):
-            await _forbid(send, f"Host {host!r} is not a loopback name or an allowed host (DNS-rebinding protection)")
-            return
-        await self.app(scope, receive, send)
+            return _forbidden(f"Host {host!r} is not a loopback name or an allowed host (DNS-rebinding protection)")
+        return None
