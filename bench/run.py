@@ -335,9 +335,14 @@ class Context:
         self.notes: list[str] = []                # extra lines printed after the tables
 
     def backend_posts(self) -> int | None:
-        """POSTs received so far by all bench backends of this workload."""
+        """POSTs received so far by all bench backends of this workload (bench backends say
+        `{"posts": N}` on /stats, the SDK fixture `{"POST": N, ...}` on /requests)."""
         try:
-            return sum(httpx.get(u, timeout=5).json()["posts"] for u in self.stats_urls)
+            total = 0
+            for u in self.stats_urls:
+                counts = httpx.get(u, timeout=5).json()
+                total += counts["posts"] if "posts" in counts else counts.get("POST", 0)
+            return total
         except (httpx.HTTPError, ValueError, KeyError):
             return None
 
@@ -364,6 +369,26 @@ class Context:
             "--tools", str(tools), "--ttl-ms", str(ttl_ms)], log_path=lp)
         wait_ready(f"http://127.0.0.1:{port}/healthz", p, 15, lp)
         self.stats_urls.append(f"http://127.0.0.1:{port}/stats")
+        return f"http://127.0.0.1:{port}/mcp"
+
+    def sdk_legacy_backend(self) -> str:
+        """The reference Python SDK's initialize-era server (mcp==1.30.0 FastMCP, stateful,
+        JSON answers): `tests/fixtures/servers/legacy_everything.py`, run from the venv that
+        `scripts/legacy-venv.sh` makes (created on first use). A legacy backend whose own
+        work per call is what a real server spends, beside `backend("legacy")`, which does
+        almost none."""
+        made = subprocess.run(["bash", str(REPO / "scripts" / "legacy-venv.sh")], capture_output=True,
+                              text=True, timeout=900)
+        if made.returncode != 0:
+            raise RuntimeError(f"scripts/legacy-venv.sh failed: {made.stderr.strip()[-300:]}")
+        legacy_python = made.stdout.strip().splitlines()[-1]
+        port = free_port()
+        lp = self._logfile("backend-sdk-legacy")
+        p = self.procs.start("backend-sdk-legacy", self._cpu("backend") + [
+            legacy_python, str(REPO / "tests" / "fixtures" / "servers" / "legacy_everything.py"),
+            "--port", str(port), "--json"], log_path=lp)
+        wait_ready(f"http://127.0.0.1:{port}/requests", p, 30, lp)
+        self.stats_urls.append(f"http://127.0.0.1:{port}/requests")
         return f"http://127.0.0.1:{port}/mcp"
 
     def fleet(self, tools: int = 50, ttl_ms: int = 0) -> Callable[[int], str]:
@@ -402,7 +427,8 @@ class Context:
                 raise RuntimeError(f"redis-server not answering PING after 15 s:\n{tail(lp)}")
             time.sleep(0.1)
 
-    def nginx(self, backend_url: str) -> str:
+    def nginx(self, backend_url: str, ready_path: str = "/healthz") -> str:
+        """nginx in front of `backend_url`; ready when `ready_path` answers 200 through it."""
         if not self.nginx_bin:
             self.nginx_bin = ensure_tool("nginx", "nginx")
         u = httpx.URL(backend_url)
@@ -418,7 +444,7 @@ class Context:
         p = self.procs.start("nginx", self._cpu("proxy") + [
             self.nginx_bin, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
             "-e", str(prefix / "logs" / "error.log")], log_path=lp)
-        wait_ready(f"http://127.0.0.1:{port}/healthz", p, 15, prefix / "logs" / "error.log")
+        wait_ready(f"http://127.0.0.1:{port}{ready_path}", p, 15, prefix / "logs" / "error.log")
         return f"http://127.0.0.1:{port}{u.path}"
 
     def gateway_unavailable(self) -> str | None:
@@ -551,6 +577,18 @@ def wl_modern_to_legacy(ctx: Context) -> list[Target]:
         Target("nginx", ctx.nginx(be), req, check_call),
         ctx.gateway_target(CALL_ECHO, check_call,
                            [{"name": "bench", "url": be, "era": "legacy", "prefix": ""}]),
+    ]
+
+
+def wl_modern_to_legacy_sdk(ctx: Context) -> list[Target]:
+    """modern-to-legacy again, in front of the reference SDK's legacy server (mcp==1.30.0)."""
+    be = ctx.sdk_legacy_backend()
+    req = _legacy_call(legacy_session(be))
+    return [
+        Target("direct", be, req, check_call),
+        Target("nginx", ctx.nginx(be, ready_path="/requests"), req, check_call),
+        ctx.gateway_target(CALL_ECHO, check_call,
+                           [{"name": "sdk", "url": be, "era": "legacy", "prefix": ""}]),
     ]
 
 
@@ -771,6 +809,9 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
     "modern-to-legacy": (wl_modern_to_legacy,
                          "modern tools/call through the gateway to a legacy backend, vs legacy"
                          " direct/nginx", False),
+    "modern-to-legacy-sdk": (wl_modern_to_legacy_sdk,
+                             "modern-to-legacy in front of the reference SDK's legacy server"
+                             " (mcp==1.30.0, stateful, JSON answers), vs its direct/nginx", False),
     "cache-hit-memory": (wl_cache_hit_memory,
                          "tools/list (ttlMs 60 s, public) answered from the gateway memory cache",
                          False),

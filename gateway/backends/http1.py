@@ -24,7 +24,7 @@ import contextlib
 import collections
 import logging
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,6 +35,8 @@ from gateway.protocol import sse
 
 log = logging.getLogger("gateway.backends.http1")
 
+# An idle pooled connection older than this is closed, not reused (_Pool says why).
+KEEPALIVE_EXPIRY_SECONDS = 4.0
 # Stop reading the socket while this much of a streamed body waits for its consumer.
 _HIGH_WATER = 256 * 1024
 
@@ -304,15 +306,31 @@ class UpstreamResponse:
 
 
 class _Pool:
-    """Idle keep-alive connections to one origin, most recently used first."""
+    """Idle keep-alive connections to one origin, most recently used first.
 
-    def __init__(self, max_idle: int) -> None:
-        self._idle: collections.deque[_Connection] = collections.deque()
+    A connection idle for `keepalive_expiry` seconds is closed instead of reused: servers
+    close idle connections after their own keep-alive timeout (uvicorn and Node 5 s, and the
+    gateway cannot know the backend's), and a request written in the instant the server's
+    FIN is on its way fails with nothing received (RFC 9112 §9.3.1). That failure is retried
+    for idempotent methods only; expiring a little before the usual 5 s keeps it from
+    happening to the rest (httpcore's `keepalive_expiry` does the same)."""
+
+    def __init__(self, max_idle: int, keepalive_expiry: float, clock: Callable[[], float]) -> None:
+        self._idle: collections.deque[tuple[_Connection, float]] = collections.deque()
         self._max_idle = max_idle
+        self._expiry = keepalive_expiry
+        self._clock = clock
 
     def get(self) -> _Connection | None:
+        if not self._idle:
+            return None
+        now = self._clock()
         while self._idle:
-            connection = self._idle.pop()
+            connection, since = self._idle.pop()
+            if now - since >= self._expiry:
+                connection.close()
+                self.close()  # the others were put back earlier still: expired too
+                return None
             if connection.open:
                 return connection
         return None
@@ -321,11 +339,11 @@ class _Pool:
         if len(self._idle) >= self._max_idle:
             connection.close()
             return
-        self._idle.append(connection)
+        self._idle.append((connection, self._clock()))
 
     def close(self) -> None:
         while self._idle:
-            self._idle.pop().close()
+            self._idle.pop()[0].close()
 
 
 class Http1Client:
@@ -335,8 +353,10 @@ class Http1Client:
     connector limit); idle ones are kept for reuse.
     """
 
-    def __init__(self, backend: str, *, max_connections: int, connect_timeout: float) -> None:
+    def __init__(self, backend: str, *, max_connections: int, connect_timeout: float,
+                 keepalive_expiry: float = KEEPALIVE_EXPIRY_SECONDS) -> None:
         self.backend = backend
+        self._keepalive_expiry = keepalive_expiry
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
         # One slot per connection in use (held from request to release), like aiohttp's limit.
@@ -376,7 +396,8 @@ class Http1Client:
             raise rpc.backend_unavailable(self.backend, f"the request cannot be sent: {exc}", request_id) from None
         pool = self._pools.get(origin)
         if pool is None:
-            pool = self._pools[origin] = _Pool(max(self._max_connections, 1))
+            pool = self._pools[origin] = _Pool(max(self._max_connections, 1), self._keepalive_expiry,
+                                               asyncio.get_running_loop().time)
         if self._slots.locked():
             try:
                 # Bounded: a pool whose every connection is held (by slow or leaked exchanges)

@@ -342,3 +342,17 @@ async def test_a_stream_reply_closed_unread_gives_its_connection_back() -> None:
             assert reply.stream is not None
             await reply.aclose()
         await backend.aclose()
+
+
+async def test_an_idle_connection_past_its_keepalive_expiry_is_not_reused() -> None:
+    # Servers drop idle connections after their own keep-alive timeout; a request written
+    # into one that is closing fails. The pool retires them first (http1._Pool).
+    async with serve(echo_forever) as (url, connections):
+        client = Http1Client("b", max_connections=4, connect_timeout=5, keepalive_expiry=0.2)
+        for pause in (0.0, 0.05, 0.3, 0.0):
+            await asyncio.sleep(pause)
+            response = await client.post(url, b"{}", {}, read_timeout=5)
+            assert await response.read() == b"{}"
+        await client.aclose()
+    # Reused after 0 s and 0.05 s, a new one after 0.3 s, reused again right after.
+    assert len(connections) == 2
