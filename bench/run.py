@@ -263,6 +263,8 @@ class Target:
     # Expected X-Cache of a repeated request ("hit", "miss", "bypass"; "" = not checked):
     # a cache workload whose target does not actually hit (or miss) is never measured.
     x_cache: str = ""
+    # wrk connections for this target when it must not use --connections (None = use it).
+    connections: int | None = None
 
 
 def check_call(result: dict) -> str | None:
@@ -581,14 +583,19 @@ def wl_modern_to_legacy(ctx: Context) -> list[Target]:
 
 
 def wl_modern_to_legacy_sdk(ctx: Context) -> list[Target]:
-    """modern-to-legacy again, in front of the reference SDK's legacy server (mcp==1.30.0)."""
+    """modern-to-legacy again, in front of the reference SDK's legacy server (mcp==1.30.0),
+    one request at a time (wrk -c1): the latency one call pays for the bridge. Under -c32,
+    wrk keeps about one request in flight against this server (its own req/s × p50 ≈ 1),
+    while the gateway keeps all 32 there, so a -c32 row would compare unlike loads."""
     be = ctx.sdk_legacy_backend()
     req = _legacy_call(legacy_session(be))
+    ctx.notes.append("modern-to-legacy-sdk: every target measured with wrk -c1 (one call at a time).")
+    gateway = ctx.gateway_target(CALL_ECHO, check_call, [{"name": "sdk", "url": be, "era": "legacy", "prefix": ""}])
+    gateway.connections = 1
     return [
-        Target("direct", be, req, check_call),
-        Target("nginx", ctx.nginx(be, ready_path="/requests"), req, check_call),
-        ctx.gateway_target(CALL_ECHO, check_call,
-                           [{"name": "sdk", "url": be, "era": "legacy", "prefix": ""}]),
+        Target("direct", be, req, check_call, connections=1),
+        Target("nginx", ctx.nginx(be, ready_path="/requests"), req, check_call, connections=1),
+        gateway,
     ]
 
 
@@ -810,7 +817,7 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
                          "modern tools/call through the gateway to a legacy backend, vs legacy"
                          " direct/nginx", False),
     "modern-to-legacy-sdk": (wl_modern_to_legacy_sdk,
-                             "modern-to-legacy in front of the reference SDK's legacy server"
+                             "modern-to-legacy in front of the reference SDK's legacy server, wrk -c1"
                              " (mcp==1.30.0, stateful, JSON answers), vs its direct/nginx", False),
     "cache-hit-memory": (wl_cache_hit_memory,
                          "tools/list (ttlMs 60 s, public) answered from the gateway memory cache",
@@ -841,7 +848,8 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
 def run_wrk(ctx: Context, t: Target, seconds: int) -> dict:
     wrk = ensure_tool("wrk", "wrk")
     a = ctx.args
-    argv = ctx._cpu("load") + [wrk, "-t", str(a.threads), "-c", str(a.connections),
+    connections = t.connections or a.connections
+    argv = ctx._cpu("load") + [wrk, "-t", str(min(a.threads, connections)), "-c", str(connections),
                                "-d", f"{seconds}s", "--timeout", "5s",
                                "-s", str(BENCH / "mcp.lua"), t.url]
     posts0 = ctx.backend_posts()
