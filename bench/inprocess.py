@@ -1,0 +1,174 @@
+"""The gateway's own CPU per request, without uvicorn, sockets on the client side or wrk.
+
+Builds the gateway's ASGI app in this process (one backend: `bench/backend.py` on the other
+CPU), runs its lifespan, and calls it directly with ready-made scopes from N concurrent
+callers. Reports `time.process_time()` per request, min and median over rounds. This is the
+loop bench/README.md "Profile" quotes for every cut: it isolates the application's cost, which
+the wrk numbers mix with the ASGI server, the kernel and the backend sharing the core.
+
+    python bench/inprocess.py call            # pass-through tools/call (includes the upstream client)
+    python bench/inprocess.py list            # tools/list answered from the memory cache
+    python bench/inprocess.py legacy          # warm modern→legacy tools/call
+    python bench/inprocess.py call --callers 1 --profile   # one at a time, cProfile of a round
+
+Takes the bench lock (/tmp/mcp-gateway-bench.lock) like run.py, so runs never overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import fcntl
+import gc
+import os
+import pstats
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+from gateway.app import build_app  # noqa: E402
+from gateway.settings import GatewaySettings  # noqa: E402
+
+META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def request(mode: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    if mode == "list":
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": META}}
+        extra = [(b"mcp-method", b"tools/list")]
+    else:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"text": "hi"}, "_meta": META}}
+        extra = [(b"mcp-method", b"tools/call"), (b"mcp-name", b"echo")]
+    raw = orjson.dumps(body)
+    headers = [(b"host", b"127.0.0.1:8000"), (b"user-agent", b"inprocess"), (b"content-type", b"application/json"),
+               (b"accept", b"application/json, text/event-stream"), (b"mcp-protocol-version", b"2026-07-28"),
+               *extra, (b"content-length", str(len(raw)).encode())]
+    return raw, headers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int, profile: bool) -> list[float]:
+    body, headers = request(mode)
+
+    async def one() -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
+                 "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+        status: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            if pending:
+                return pending.pop()
+            await asyncio.sleep(3600)  # a client that stays: never a disconnect
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        await app(scope, receive, send)
+        if status != [200]:
+            raise SystemExit(f"{mode}: the gateway answered {status}, not 200")
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            await one()
+
+    for _ in range(200):  # warm: discovery, the tool index, the cache entry, pooled connections
+        await one()
+    gc.freeze()
+    results = []
+    for round_ in range(rounds):
+        profiler = cProfile.Profile() if profile and round_ == rounds - 1 else None
+        started = time.process_time()
+        if profiler:
+            profiler.enable()
+        await asyncio.gather(*(caller(requests // callers) for _ in range(callers)))
+        if profiler:
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        else:
+            results.append(1e6 * (time.process_time() - started) / (requests // callers * callers))
+    return results
+
+
+async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
+    era = "legacy" if args.mode == "legacy" else "modern"
+    settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": ""}],
+                               cache={"store": "memory"}, security={"secret": "inprocess-bench-secret-0123456789"})
+    app = build_app(settings)
+    lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    started = asyncio.Event()
+
+    async def lifespan_send(message: dict[str, str]) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            started.set()
+
+    await lifespan.put({"type": "lifespan.startup"})
+    task = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, lifespan_send))
+    await asyncio.wait_for(started.wait(), 30)
+    try:
+        return await measure(app, args.mode, args.callers, args.requests, args.rounds, args.profile)
+    finally:
+        await lifespan.put({"type": "lifespan.shutdown"})
+        await task
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("mode", choices=("call", "list", "legacy"))
+    p.add_argument("--callers", type=int, default=32, help="concurrent callers (default 32)")
+    p.add_argument("--requests", type=int, default=20_000, help="requests per round (default 20,000)")
+    p.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
+    p.add_argument("--profile", action="store_true", help="also run one round under cProfile")
+    args = p.parse_args(argv)
+    if args.profile:
+        args.rounds += 1
+
+    with open("/tmp/mcp-gateway-bench.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        port = free_port()
+        pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) >= 2 else []
+        backend = subprocess.Popen([*pin, sys.executable, str(BENCH / "backend.py"), "--port", str(port),
+                                    "--mode", "legacy" if args.mode == "legacy" else "modern",
+                                    "--tools", "50", "--ttl-ms", "60000"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            for _ in range(100):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            if (os.cpu_count() or 1) >= 2:
+                os.sched_setaffinity(0, {1})
+            import uvloop
+
+            results = uvloop.run(main_async(args, f"http://127.0.0.1:{port}/mcp"))
+        finally:
+            backend.kill()
+            backend.wait(timeout=5)
+    results.sort()
+    print(f"{args.mode}, {args.callers} callers: gateway CPU per request min {results[0]:.1f} µs, "
+          f"median {results[len(results) // 2]:.1f} µs over {len(results)} rounds of {args.requests}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
