@@ -149,7 +149,7 @@ def _present(method: str, table: RouteTable, target: Target, page: list[Any], *,
     if method == "resources/list":
         table.learn_resources(target, page, first=first, last=last)
     elif method == "resources/templates/list":
-        table.learn_templates(target, page)
+        table.learn_templates(target, page, first=first, last=last)
     return page
 
 

@@ -59,7 +59,11 @@ class RouteTable:
         # Backends whose listing in progress cannot conclude which URIs are gone.
         self._inconclusive: set[str] = set()
         self._conflicts_logged: set[tuple[str, str]] = set()
-        self._uri_templates: list[tuple[str, Target]] = []
+        # Per backend: the literal prefixes of its listed templates (last complete listing
+        # plus what the listing in progress added), and the listing in progress itself.
+        self._templates: dict[str, list[str]] = {}
+        self._template_listing: dict[str, list[str]] = {}
+        self._uri_templates: list[tuple[str, Target]] = []  # all of them, longest prefix first
         self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
         # Per backend: the last tools list filtered (held, so `is` is a sound test) and its result.
         self._filtered: dict[str, tuple[list[Any], list[Any]]] = {}
@@ -157,14 +161,34 @@ class RouteTable:
             if not listers:
                 del self._uris[uri]
 
-    def learn_templates(self, target: Target, templates: list[Any]) -> None:
-        for tpl in templates:
-            if isinstance(tpl, dict) and isinstance(tpl.get("uriTemplate"), str):
-                # The literal part before the first expression is a safe routing prefix.
-                literal = tpl["uriTemplate"].split("{", 1)[0]
-                if literal and (literal, target) not in self._uri_templates:
-                    self._uri_templates.append((literal, target))
-                    self._uri_templates.sort(key=lambda lt: len(lt[0]), reverse=True)
+    def learn_templates(self, target: Target, templates: list[Any], *, first: bool = True,
+                        last: bool = True) -> None:
+        """Index one page of `target`'s resources/templates/list, like `learn_resources`: a
+        page adds the literal prefix of each template (the part before the first expression,
+        a safe routing prefix) at once, and a complete listing replaces what the backend
+        listed before, so a template it dropped stops routing to it."""
+        name = target.backend.name
+        literals = [tpl["uriTemplate"].split("{", 1)[0] for tpl in templates
+                    if isinstance(tpl, dict) and isinstance(tpl.get("uriTemplate"), str)]
+        literals = [lit for lit in literals if lit]
+        if first:
+            self._template_listing[name] = []
+        listing = self._template_listing.get(name)
+        known = self._templates.setdefault(name, [])
+        if listing is not None and len(listing) < self._max_uris:
+            listing.extend(literals[: self._max_uris - len(listing)])
+        if last and listing is not None and len(listing) < self._max_uris:
+            del self._template_listing[name]
+            self._templates[name] = list(dict.fromkeys(listing))
+        else:
+            # Mid-listing, a page whose first page this replica did not see, or a listing past
+            # the bound: add only, nothing can be known to be gone.
+            if last:
+                self._template_listing.pop(name, None)
+            self._templates[name] = list(dict.fromkeys([*known, *literals]))[: self._max_uris]
+        self._uri_templates = sorted(
+            ((lit, t) for t in self.targets for lit in self._templates.get(t.backend.name, ())),
+            key=lambda lt: (-len(lt[0]), self._order.get(lt[1].backend.name, 0)))
 
     # -- tool argument headers ------------------------------------------------------------
 

@@ -47,6 +47,37 @@ def test_uris_by_listing_configured_prefix_and_template():
     assert table.resolve_uri("t://b/items/7") is None
 
 
+def test_a_complete_template_listing_replaces_the_previous_one():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    table.learn_templates(a, [{"uriTemplate": "t://a/items/{id}"}, {"uriTemplate": "t://a/old/{id}"}])
+    assert table.resolve_uri("t://a/old/1") is a
+    table.learn_templates(a, [{"uriTemplate": "t://a/items/{id}"}])  # t://a/old/ dropped
+    assert table.resolve_uri("t://a/items/1") is a
+    assert table.resolve_uri("t://a/old/1") is None
+    # Paged: the first page adds at once, the last page concludes what is gone.
+    table.learn_templates(a, [{"uriTemplate": "t://a/new/{id}"}], first=True, last=False)
+    assert table.resolve_uri("t://a/new/1") is a and table.resolve_uri("t://a/items/1") is a
+    table.learn_templates(a, [{"uriTemplate": "t://a/more/{id}"}], first=False, last=True)
+    assert table.resolve_uri("t://a/items/1") is None
+    assert table.resolve_uri("t://a/new/1") is a and table.resolve_uri("t://a/more/1") is a
+    # A later page without its first page (another replica served it) only adds.
+    table.learn_templates(b, [{"uriTemplate": "t://b/{x}"}], first=False, last=True)
+    table.learn_templates(a, [{"uriTemplate": "t://a/late/{id}"}], first=False, last=True)
+    assert table.resolve_uri("t://a/new/1") is a and table.resolve_uri("t://a/late/1") is a
+    assert table.resolve_uri("t://b/1") is b
+
+
+def test_the_longest_template_prefix_wins_then_the_configured_order():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    table.learn_templates(b, [{"uriTemplate": "t://shared/deep/{x}"}, {"uriTemplate": "t://same/{x}"}])
+    table.learn_templates(a, [{"uriTemplate": "t://shared/{x}"}, {"uriTemplate": "t://same/{x}"}])
+    assert table.resolve_uri("t://shared/deep/1") is b
+    assert table.resolve_uri("t://shared/1") is a
+    assert table.resolve_uri("t://same/1") is a  # equal prefixes: a is configured first
+
+
 def test_invalid_tools_are_filtered_and_annotations_indexed():
     a = target("a", "a__")
     table = RouteTable([a])
