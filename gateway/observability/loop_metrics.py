@@ -18,10 +18,20 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
-from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    REGISTRY,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
+
+
+V = TypeVar("V")
 
 
 class CounterValue:
@@ -55,7 +65,7 @@ class HistogramValue:
         self.sum += value
 
 
-class _Family:
+class _Family(Generic[V]):
     """One metric name with a fixed list of label names; children memoized by label values
     (the label sets are bounded: metrics.py module docstring)."""
 
@@ -65,12 +75,12 @@ class _Family:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], object] = {}
+        self._children: dict[tuple[str, ...], V] = {}
 
-    def _new(self) -> object:
+    def _new(self) -> V:
         raise NotImplementedError
 
-    def labels(self, *values: str) -> object:
+    def labels(self, *values: str) -> V:
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
@@ -78,31 +88,25 @@ class _Family:
             child = self._children[values] = self._new()
         return child
 
-    def items(self) -> list[tuple[tuple[str, ...], object]]:
+    def items(self) -> list[tuple[tuple[str, ...], V]]:
         return list(self._children.items())  # a copy: the loop may add a child meanwhile
 
 
-class Counter(_Family):
+class Counter(_Family[CounterValue]):
     kind = "counter"
 
     def _new(self) -> CounterValue:
         return CounterValue()
 
-    def labels(self, *values: str) -> CounterValue:  # type: ignore[override]
-        return super().labels(*values)  # type: ignore[return-value]
 
-
-class Gauge(_Family):
+class Gauge(_Family[GaugeValue]):
     kind = "gauge"
 
     def _new(self) -> GaugeValue:
         return GaugeValue()
 
-    def labels(self, *values: str) -> GaugeValue:  # type: ignore[override]
-        return super().labels(*values)  # type: ignore[return-value]
 
-
-class Histogram(_Family):
+class Histogram(_Family[HistogramValue]):
     kind = "histogram"
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
@@ -116,24 +120,21 @@ class Histogram(_Family):
     def _new(self) -> HistogramValue:
         return HistogramValue(self.bounds)
 
-    def labels(self, *values: str) -> HistogramValue:  # type: ignore[override]
-        return super().labels(*values)  # type: ignore[return-value]
-
 
 class LoopMetricsCollector(Collector):
     """Exports a set of loop-owned families in the text format prometheus_client writes."""
 
-    def __init__(self, families: Sequence[_Family]) -> None:
+    def __init__(self, families: Sequence[_Family[Any]]) -> None:
         self.families = tuple(families)
 
-    def describe(self) -> Iterator[object]:
+    def describe(self) -> Iterator[Metric]:
         # Names only (no samples), so that the registry can refuse a duplicate name at start-up.
         for family in self.families:
-            yield from self._empty(family)
+            yield self._exposed(family)
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Metric]:
         for family in self.families:
-            out = self._empty(family)[0]
+            out: Any = self._exposed(family)
             for values, child in family.items():
                 labels = list(values)
                 if isinstance(child, HistogramValue):
@@ -141,18 +142,19 @@ class LoopMetricsCollector(Collector):
                     for bound, count in zip((*child.bounds, float("inf")), child.counts):
                         cumulative += count
                         buckets.append((floatToGoString(bound), cumulative))
-                    out.add_metric(labels, buckets, child.sum)  # type: ignore[call-arg]
+                    out.add_metric(labels, buckets, child.sum)
                 else:
-                    out.add_metric(labels, child.value)  # type: ignore[attr-defined]
+                    out.add_metric(labels, child.value)
             yield out
 
     @staticmethod
-    def _empty(family: _Family) -> list[object]:
+    def _exposed(family: _Family[Any]) -> Metric:
+        """The family as prometheus_client exposes it, without samples yet."""
         kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}
-        return [kinds[family.kind](family.name, family.documentation, labels=list(family.labelnames))]
+        return kinds[family.kind](family.name, family.documentation, labels=list(family.labelnames))
 
 
-def register(families: Sequence[_Family], registry: CollectorRegistry = REGISTRY) -> LoopMetricsCollector:
+def register(families: Sequence[_Family[Any]], registry: CollectorRegistry = REGISTRY) -> LoopMetricsCollector:
     collector = LoopMetricsCollector(families)
     registry.register(collector)
     return collector
