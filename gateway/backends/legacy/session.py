@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -54,9 +55,11 @@ class SessionExpired(Exception):
 
 class Exchange:
     """One backend request in flight: the messages the backend relates to it, in order,
-    ending with its response. The consumer reads them with `next()`."""
+    ending with its response. One consumer at a time reads them with `next()` (the call's
+    answer, later its MRTR retry). A deque and one waiter future rather than an
+    asyncio.Queue: the queue's setup and bookkeeping were a visible part of a warm legacy call."""
 
-    __slots__ = ("backend_id", "method", "progress_token", "wants_logs", "done", "_queue", "started")
+    __slots__ = ("backend_id", "method", "progress_token", "wants_logs", "done", "started", "_items", "_waiter")
 
     def __init__(self, backend_id: int, method: str) -> None:
         self.backend_id = backend_id
@@ -65,62 +68,68 @@ class Exchange:
         self.wants_logs = False
         self.done = False
         self.started = time.monotonic()
-        self._queue: asyncio.Queue[Message | rpc.McpError] = asyncio.Queue()
+        self._items: collections.deque[Message | rpc.McpError] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
 
     def put(self, message: Message) -> None:
         if "method" not in message:
             self.done = True
-        self._queue.put_nowait(message)
+        self._push(message)
 
     def fail(self, error: rpc.McpError) -> None:
         if not self.done:
             self.done = True
-            self._queue.put_nowait(error)
+            self._push(error)
 
-    def ready(self) -> Message | None:
-        """The next message if one is already waiting (no suspension)."""
-        if self._queue.empty():
-            return None
-        item = self._queue.get_nowait()
+    def _push(self, item: Message | rpc.McpError) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _take(self) -> Message:
+        item = self._items.popleft()
         if isinstance(item, rpc.McpError):
             raise item
         return item
 
+    async def _arrival(self, timeout: float | None) -> None:
+        """Until something is queued; TimeoutError after `timeout` seconds."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._waiter
+        finally:
+            self._waiter = None
+
+    def ready(self) -> Message | None:
+        """The next message if one is already waiting (no suspension)."""
+        return self._take() if self._items else None
+
     def peek_response_only(self) -> Message | None:
         """The response, when it is the only thing waiting (the common JSON case)."""
-        if self._queue.qsize() == 1 and self.done:
-            item = self._queue.get_nowait()
-            if isinstance(item, rpc.McpError):
-                raise item
-            return item
+        if len(self._items) == 1 and self.done:
+            return self._take()
         return None
 
     async def next_within(self, seconds: float) -> Message | None:
         """The next message if one arrives within `seconds`, else None."""
-        try:
-            item = await asyncio.wait_for(self._queue.get(), seconds)
-        except TimeoutError:
-            return None
-        if isinstance(item, rpc.McpError):
-            raise item
-        return item
+        if not self._items:
+            try:
+                await self._arrival(seconds)
+            except TimeoutError:
+                return None
+        return self._take()
 
     async def next(self, timeout: float | None) -> Message:
-        if not self._queue.empty():
-            # The common JSON answer is already here when the request returns: skip
-            # wait_for, which wraps the get in a task of its own (~15 µs of a warm call).
-            item = self._queue.get_nowait()
-            if isinstance(item, rpc.McpError):
-                raise item
-            return item
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            raise rpc.McpError(rpc.BACKEND_TIMEOUT, f"no message for {self.method} within {timeout:g}s",
-                               status=504) from None
-        if isinstance(item, rpc.McpError):
-            raise item
-        return item
+        # The common JSON answer is already here when the request returns: no timer then.
+        if not self._items:
+            try:
+                await self._arrival(timeout)
+            except TimeoutError:
+                raise rpc.McpError(rpc.BACKEND_TIMEOUT, f"no message for {self.method} within {timeout:g}s",
+                                   status=504) from None
+        return self._take()
 
 
 class LegacySession(abc.ABC):
