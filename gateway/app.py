@@ -9,7 +9,8 @@ The request pipeline is declared here, in order, as data (the shape of Starlette
 
 Host, origin, authentication (mode none) and size limits decide from the head alone: `wrap`
 runs such a row as one step (policies/head.py). Everything after "size limits" runs in
-`McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup: the hot path pays for no regex router.
+`McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup:
+the hot path pays for no regex router.
 """
 
 from __future__ import annotations

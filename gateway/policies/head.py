@@ -14,7 +14,7 @@ request would have to pass through again (measured: bench/README.md "Profile").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway import asgi
 from gateway.protocol import jsonrpc as rpc
@@ -22,15 +22,13 @@ from gateway.protocol import jsonrpc as rpc
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """An id-less JSON-RPC error answered before the body is read (digest §a.3)."""
+    """An id-less -32600 answered before the body is read (digest §a.3: 403, 413, 431)."""
 
     status: int
     message: str
-    code: int = rpc.INVALID_REQUEST
-    headers: tuple[tuple[bytes, bytes], ...] = field(default=())
 
     async def send(self, send: asgi.Send) -> None:
-        await asgi.send_json(send, self.status, rpc.error_message(None, self.code, self.message), list(self.headers))
+        await asgi.send_json(send, self.status, rpc.error_message(None, rpc.INVALID_REQUEST, self.message))
 
 
 class HeadPolicy:
