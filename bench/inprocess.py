@@ -8,6 +8,7 @@ the wrk numbers mix with the ASGI server, the kernel and the backend sharing the
 
     python bench/inprocess.py call            # pass-through tools/call (includes the upstream client)
     python bench/inprocess.py list            # tools/list answered from the memory cache
+    python bench/inprocess.py list --cache none   # tools/list forwarded every time (50 tools, ~5 KB)
     python bench/inprocess.py legacy          # warm modern→legacy tools/call
     python bench/inprocess.py call --callers 1 --profile   # one at a time, cProfile of a round
 
@@ -111,7 +112,7 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
 async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
     era = "legacy" if args.mode == "legacy" else "modern"
     settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": ""}],
-                               cache={"store": "memory"}, security={"secret": "inprocess-bench-secret-0123456789"})
+                               cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"})
     app = build_app(settings)
     lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
     started = asyncio.Event()
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20_000, help="requests per round (default 20,000)")
     p.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     p.add_argument("--profile", action="store_true", help="also run one round under cProfile")
+    p.add_argument("--cache", choices=("memory", "none"), default="memory", help="cache.store (default memory)")
     args = p.parse_args(argv)
     if args.profile:
         args.rounds += 1

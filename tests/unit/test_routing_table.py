@@ -181,3 +181,26 @@ def test_interleaved_listings_forget_nothing():
     table.learn_resources(a, [{"uri": "x://1"}], first=True, last=True)
     assert table.resolve_uri("x://2") is None and table.resolve_uri("x://1") is a
 
+
+
+def test_a_list_without_annotations_is_kept_whole_and_indexed_empty():
+    a = target("a", "a__")
+    table = RouteTable([a])
+    tools = [{"name": f"t{i}", "inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}}}
+             for i in range(3)] + [{"no": "name"}, "junk"]
+    assert [t["name"] for t in table.filter_tools(a, tools)] == ["t0", "t1", "t2"]
+    assert table.param_headers(a, "t1") == ()
+    # The key mentioned in a description is no annotation: nothing is dropped.
+    described = [{"name": "d", "description": 'mirrors "x-mcp-header" values', "inputSchema": {"type": "object"}}]
+    assert [t["name"] for t in table.filter_tools(a, described)] == ["d"]
+
+
+def test_an_annotation_anywhere_in_the_list_still_gets_every_schema_checked():
+    a = target("a", "a__")
+    table = RouteTable([a])
+    tools = [
+        {"name": "plain", "inputSchema": {"type": "object"}},
+        {"name": "unreachable", "inputSchema": {"type": "object", "anyOf": [
+            {"properties": {"r": {"type": "string", "x-mcp-header": "R"}}}]}},
+    ]
+    assert [t["name"] for t in table.filter_tools(a, tools)] == ["plain"]
