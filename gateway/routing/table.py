@@ -181,16 +181,18 @@ class RouteTable:
             listing.extend(literals[: self._max_uris - len(listing)])
         if last and listing is not None and len(listing) < self._max_uris:
             del self._template_listing[name]
-            self._templates[name] = list(dict.fromkeys(listing))
+            updated = list(dict.fromkeys(listing))
         else:
             # Mid-listing, a page whose first page this replica did not see, or a listing past
             # the bound: add only, nothing can be known to be gone.
             if last:
                 self._template_listing.pop(name, None)
-            self._templates[name] = list(dict.fromkeys([*known, *literals]))[: self._max_uris]
-        self._uri_templates = sorted(
-            ((lit, t) for t in self.targets for lit in self._templates.get(t.backend.name, ())),
-            key=lambda lt: (-len(lt[0]), self._order.get(lt[1].backend.name, 0)))
+            updated = list(dict.fromkeys([*known, *literals]))[: self._max_uris]
+        if updated != known:  # the usual listing changes nothing: no re-sort over the fleet
+            self._templates[name] = updated
+            self._uri_templates = sorted(
+                ((lit, t) for t in self.targets for lit in self._templates.get(t.backend.name, ())),
+                key=lambda lt: (-len(lt[0]), self._order.get(lt[1].backend.name, 0)))
 
     # -- tool argument headers ------------------------------------------------------------
 
