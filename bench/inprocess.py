@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import fcntl
 import gc
 import os
 import pstats
@@ -34,9 +33,10 @@ from typing import Any
 import orjson
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
 from gateway.app import build_app  # noqa: E402
+from run import free_port, take_lock  # noqa: E402  (bench/run.py: same port picking, same lock)
 from gateway.settings import GatewaySettings  # noqa: E402
 
 META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
@@ -55,12 +55,6 @@ def request(mode: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
                (b"accept", b"application/json, text/event-stream"), (b"mcp-protocol-version", b"2026-07-28"),
                *extra, (b"content-length", str(len(raw)).encode())]
     return raw, headers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int, profile: bool) -> list[float]:
@@ -143,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         args.rounds += 1
 
-    with open("/tmp/mcp-gateway-bench.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with take_lock(900):
         port = free_port()
         pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) >= 2 else []
         backend = subprocess.Popen([*pin, sys.executable, str(BENCH / "backend.py"), "--port", str(port),
