@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
 from gateway.cache import NoCache, Outcome, ResponseCache
+from gateway.cache.assembled import Source
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
@@ -124,15 +125,24 @@ class Dispatcher:
         targets = self.capable(call.spec.capability)
         if not targets:
             raise rpc.method_not_found(call.method, call.id)
+        again = self.cache.assembled_again(call, targets, self.table.revision)
+        if again is not None:
+            message, body = again
+            return Reply("gateway", message=message, raw=body, headers=_CACHE_HIT)
         outcomes: list[Outcome] = []
+        sources: list[Source] = []
 
         async def fetch(target: Target, sub: Call) -> Message:
-            message, outcome = await self.cache.fetch(target, sub, lambda: self._list_page(target, sub))
+            message, outcome = await self.cache.fetch(target, sub, lambda: self._list_page(target, sub), sources)
             outcomes.append(outcome)
             return message
 
         result = await aggregate_list(call, self.table, targets, fetch)
         result.setdefault("_meta", {})[meta.SERVER_INFO] = SERVER_INFO
+        if outcomes and len(sources) == len(outcomes) and result["ttlMs"] > 0:
+            # Assembled from fresh entries only, none left out (a partial answer has ttlMs 0):
+            # the same request is answered from this until one of them changes.
+            self.cache.keep_assembled(call, targets, self.table.revision, sources, result)
         return Reply("gateway", message=rpc.result_message(call.id, result),  # type: ignore[arg-type]
                      headers=_cache_header(outcomes))
 
@@ -377,6 +387,9 @@ def _joined_instructions(table: RouteTable, results: list[Message]) -> str | Non
     if len(table.targets) == 1:
         return parts[0]
     return "\n\n".join(parts)
+
+
+_CACHE_HIT = [(b"x-cache", b"hit")]
 
 
 def _cache_header(outcomes: list[Outcome]) -> list[tuple[bytes, bytes]] | None:

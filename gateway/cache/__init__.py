@@ -11,11 +11,12 @@ configured implementation (`StoreCache` over memory, or Redis with a local layer
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Literal, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from gateway.backends.base import Message
+    from gateway.cache.assembled import Source
     from gateway.protocol.request import Call
     from gateway.routing.table import Target
 
@@ -24,7 +25,18 @@ Loader = Callable[[], Awaitable["Message"]]
 
 
 class ResponseCache(Protocol):
-    async def fetch(self, target: Target, call: Call, load: Loader) -> tuple[Message, Outcome]: ...
+    async def fetch(self, target: Target, call: Call, load: Loader, sources: list[Source] | None = None
+                    ) -> tuple[Message, Outcome]:
+        """The answer to `call` from `target`, and how it was obtained. A fresh hit appends
+        where it came from to `sources`, for `keep_assembled`."""
+
+    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int
+                        ) -> tuple[Message, bytes] | None:
+        """An aggregated list answer kept by `keep_assembled`, as (message, body), when every
+        entry it was made from still holds (cache/assembled.py)."""
+
+    def keep_assembled(self, call: Call, targets: Sequence[Target], revision: int, sources: Sequence[Source],
+                       result: dict[str, Any]) -> None: ...
 
     async def invalidate_lists(self, backend: str, methods: tuple[str, ...] | None = None) -> None: ...
 
@@ -40,8 +52,17 @@ class ResponseCache(Protocol):
 class NoCache:
     """Every call goes to the backend."""
 
-    async def fetch(self, target: Target, call: Call, load: Loader) -> tuple[Message, Outcome]:
+    async def fetch(self, target: Target, call: Call, load: Loader, sources: list[Source] | None = None
+                    ) -> tuple[Message, Outcome]:
         return await load(), "bypass"
+
+    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int
+                        ) -> tuple[Message, bytes] | None:
+        return None
+
+    def keep_assembled(self, call: Call, targets: Sequence[Target], revision: int, sources: Sequence[Source],
+                       result: dict[str, Any]) -> None:
+        return None
 
     async def invalidate_lists(self, backend: str, methods: tuple[str, ...] | None = None) -> None:
         return None

@@ -66,6 +66,10 @@ class Store(Protocol):
     async def get(self, keys: Sequence[str]) -> list[Entry | None]:
         """The entries under `keys`, in order, in one round trip."""
 
+    def peek(self, keys: Sequence[str]) -> list[Entry | None] | None:
+        """What `get(keys)` would return, answered without waiting, or None when this store
+        cannot tell without a round trip (cache/assembled.py reuses answers only on a peek)."""
+
     def generation(self, tags: Sequence[str]) -> Hashable:
         """This process's view of invalidations of `tags`: changes whenever one of them (or
         everything) is dropped here or heard of from another replica. In-process fetch

@@ -138,6 +138,9 @@ class MemoryStore:
     async def get(self, keys: Sequence[str]) -> list[Entry | None]:
         return [self.get_now(k) for k in keys]
 
+    def peek(self, keys: Sequence[str]) -> list[Entry | None]:
+        return [self.get_now(k) for k in keys]
+
     async def mark(self, tags: Sequence[str]) -> tuple[int, ...]:
         return self.generation(tags)
 

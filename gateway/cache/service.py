@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.cache import Loader, Outcome
+from gateway.cache.assembled import AssembledAnswers, Source
 from gateway.cache.entry import Entry, Store, StoreUnavailable, now_ms
 from gateway.cache.keys import (
     RequestKeys,
@@ -37,7 +38,7 @@ from gateway.protocol.methods import LIST_METHODS
 from gateway.settings import CacheSettings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from gateway.backends.base import Message
     from gateway.protocol.request import Call
@@ -80,10 +81,12 @@ class StoreCache:
         self.clock = clock
         self._flights: SingleFlight[_Filled] = SingleFlight()
         self._fingerprints: dict[tuple[int, str, str], str] = {}
+        self.assembled = AssembledAnswers(store, clock)
 
     # -- lookups ----------------------------------------------------------------------------
 
-    async def fetch(self, target: Target, call: Call, load: Loader) -> tuple[Message, Outcome]:
+    async def fetch(self, target: Target, call: Call, load: Loader, sources: list[Source] | None = None
+                    ) -> tuple[Message, Outcome]:
         if not cacheable(call):
             return await load(), self._count(call, "none", "bypass")
         backend = target.backend.name
@@ -99,7 +102,7 @@ class StoreCache:
             )
         except Uncacheable:
             return await self._without_store(backend, call, load)
-        candidates = [keys.private, keys.public] if keys.private else [keys.public]
+        candidates = (keys.private, keys.public) if keys.private else (keys.public,)
         try:
             entries = await self.store.get(candidates)
         except StoreUnavailable:
@@ -107,6 +110,8 @@ class StoreCache:
         now = self.clock()
         fresh = next((e for e in entries if e is not None and e.fresh(now)), None)
         if fresh is not None:
+            if sources is not None:
+                sources.append((candidates, fresh))
             return _from_entry(fresh, call.id, now), self._count(call, fresh.scope, "hit")
         stale = next((e for e in entries if e is not None and self._usable_stale(e, now)), None)
 
@@ -142,6 +147,17 @@ class StoreCache:
         return with_hints(filled.message, call.id, decision.ttl_ms, decision.scope), self._count(
             call, decision.scope, outcome
         )
+
+    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int
+                        ) -> tuple[Message, bytes] | None:
+        if not cacheable(call):
+            return None
+        return self.assembled.again(call, principal_of(call), targets, revision)
+
+    def keep_assembled(self, call: Call, targets: Sequence[Target], revision: int, sources: Sequence[Source],
+                       result: dict[str, Any]) -> None:
+        if cacheable(call):
+            self.assembled.keep(call, principal_of(call), targets, revision, sources, result)
 
     def _usable_stale(self, entry: Entry, now: int) -> bool:
         window = self.settings.stale_if_error_ms

@@ -69,6 +69,9 @@ class RouteTable:
         self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
         # Per backend: the last tools list filtered (held, so `is` is a sound test) and its result.
         self._filtered: dict[str, tuple[list[Any], list[Any]]] = {}
+        # Bumped whenever a list may have taught the table something: an aggregated answer kept
+        # for reuse (cache/assembled.py) is only reused while this has not moved.
+        self.revision = 0
 
     # -- names ----------------------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class RouteTable:
                         last: bool = True) -> None:
         """Index one page of `target`'s resources/list. `first`: the page starts a listing;
         `last`: it ends one, and the URIs the backend no longer lists stop routing to it."""
+        self.revision += 1
         name = target.backend.name
         if first:
             abandoned = self._listing.get(name)
@@ -169,6 +173,7 @@ class RouteTable:
         page adds the literal prefix of each template (the part before the first expression,
         a safe routing prefix) at once, and a complete listing replaces what the backend
         listed before, so a template it dropped stops routing to it."""
+        self.revision += 1
         name = target.backend.name
         literals = [tpl["uriTemplate"].split("{", 1)[0] for tpl in templates
                     if isinstance(tpl, dict) and isinstance(tpl.get("uriTemplate"), str)]
@@ -205,6 +210,7 @@ class RouteTable:
             # and stored messages are never mutated (cache/policy.py `with_hints`). Walking
             # every schema again was a third of a cached tools/list (bench/README.md).
             return last[1]
+        self.revision += 1
         kept = self._filter_tools(target, tools)
         self._filtered[target.backend.name] = (tools, kept)
         return kept
