@@ -209,6 +209,31 @@ async def test_invalidation_reaches_the_other_replicas_local_layer(counting_back
         assert (await counts(c, counting_backend))["tools/list"] == before + 2
 
 
+async def test_a_kept_list_answer_ends_with_an_invalidation_from_another_replica(counting_backend, redis_server):
+    # Replica two answers a repeated tools/list from its kept, encoded answer (cache/assembled.py)
+    # while its local layer holds the entry; an invalidation published by replica one must end
+    # that at once, like it ends the local copy.
+    config = settings(counting_backend, redis_server.url, local_ttl_ms=60_000)
+    async with two_replicas(config) as (one, two), httpx.AsyncClient() as c:
+        await one.runtime.cache.invalidate_lists("counted", ("tools/list",))
+        statuses = [(await mcp_http.post(c, two.url, "tools/list")).headers["x-cache"] for _ in range(3)]
+        assert statuses == ["miss", "hit", "hit"]
+        assert two.runtime.cache.assembled.reused == 1
+        await one.runtime.cache.invalidate_lists("counted", ("tools/list",))
+        await until_dropped(two.runtime.cache.store.local, list_tag("counted", "tools/list"))
+        assert (await mcp_http.post(c, two.url, "tools/list")).headers["x-cache"] == "miss"
+        assert two.runtime.cache.assembled.reused == 1
+
+
+async def test_without_the_local_layer_list_answers_are_assembled_every_time(counting_backend, redis_server):
+    config = settings(counting_backend, redis_server.url, local_max_entries=0)
+    async with running_gateway(config) as gw, httpx.AsyncClient() as c:
+        await gw.runtime.cache.invalidate_lists("counted", ("tools/list",))
+        statuses = [(await mcp_http.post(c, gw.url, "tools/list")).headers["x-cache"] for _ in range(3)]
+        assert statuses == ["miss", "hit", "hit"]  # every hit a round trip to Redis
+        assert gw.runtime.cache.assembled.reused == 0
+
+
 async def test_redis_outage_bypasses_the_cache_and_caching_resumes(counting_backend, redis_server, caplog):
     # No local layer: every answer below is decided by Redis being there or not.
     config = settings(counting_backend, redis_server.url, local_max_entries=0)
