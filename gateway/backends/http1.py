@@ -137,6 +137,8 @@ class UpstreamResponse:
         self._keep_alive = False
         self._paused = False
         self._released = False
+        # Set while the rest of a body is dropped on its way to the pool (`finish_soon`).
+        self._draining: asyncio.TimerHandle | None = None
         self.headers_received = False
         self.complete = False
         self.status = 0
@@ -166,6 +168,8 @@ class UpstreamResponse:
         self._wake()
 
     def _feed(self, chunk: bytes) -> None:
+        if self._draining is not None:
+            return  # nobody reads the rest (finish_soon)
         self._chunks.append(chunk)
         self._buffered += len(chunk)
         if self._buffered > _HIGH_WATER and not self._paused and self._connection.transport is not None:
@@ -175,11 +179,21 @@ class UpstreamResponse:
 
     def _finish(self) -> None:
         self.complete = True
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+            self.release()
+            return
         self._wake()
 
     def _fail(self, exc: Exception) -> None:
         if self._error is None:
             self._error = exc
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+            self.close()
+            return
         self._wake()
 
     def _wake(self) -> None:
@@ -278,6 +292,24 @@ class UpstreamResponse:
         else:
             self._take()
             self.release()
+
+    def finish_soon(self, timeout: float) -> None:
+        """`finish` without a task: the rest of the body is dropped as it arrives and the
+        connection's own callbacks give it back to the pool when the body ends, or a timer
+        closes it after `timeout`. A legacy backend's SSE answer ends just after the response
+        event; a task per call only to wait for that end cost a task creation and a scheduling
+        round on the legacy hot path (bench/README.md "Third round")."""
+        if self._released:
+            return
+        self._take()
+        if self.complete or self._error is not None:
+            self.release() if self._error is None else self.close()
+            return
+        self._draining = self._connection._loop.call_later(timeout, self._drain_expired)
+
+    def _drain_expired(self) -> None:
+        self._draining = None
+        self.close()
 
     def release(self) -> None:
         """Done with this response: a complete keep-alive exchange returns its connection to

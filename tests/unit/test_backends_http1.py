@@ -269,6 +269,61 @@ async def test_finish_closes_a_stream_that_does_not_end() -> None:
     assert len(connections) == 2
 
 
+async def test_finish_soon_drops_the_rest_and_returns_the_connection_without_a_task() -> None:
+    # What the legacy transport does after the response event: no reader waits for the end;
+    # the connection's callbacks drop the rest (one more event here) and pool it at the end.
+    async def stream_then_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(sse_chunk(b'data: {"id":1,"result":{}}\n\n'))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(sse_chunk(b'data: {"method":"notifications/message"}\n\n'))
+        writer.write(b"0\r\n\r\n")
+        await echo_forever(reader, writer)
+
+    async with serve(stream_then_echo) as (url, connections):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        async for _event, data in response.events(sse.Decoder()):
+            if data:
+                break
+        tasks = len(asyncio.all_tasks())
+        response.finish_soon(5)
+        assert len(asyncio.all_tasks()) == tasks
+        # The one slot comes back when the stream ends; the next request reuses the connection.
+        again = await client.post(url, b"[2]", {}, read_timeout=5)
+        assert await again.read() == b"[2]"
+        await client.aclose()
+    assert len(connections) == 1
+
+
+@pytest.mark.parametrize("ending", ["never", "connection closed"])
+async def test_finish_soon_closes_a_stream_that_does_not_end(ending) -> None:
+    async def unended(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(sse_chunk(b'data: {"id":1,"result":{}}\n\n'))
+        await writer.drain()
+        if ending == "connection closed":
+            await asyncio.sleep(0.05)
+            writer.close()
+            return
+        await echo_forever(reader, writer)
+
+    async with serve(unended) as (url, connections):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        response.finish_soon(0.2 if ending == "never" else 5)
+        # The slot is free again once the stream is given up (timer) or lost, and the next
+        # request gets a new connection.
+        again = await client.post(url, b"[3]", {}, read_timeout=5)
+        assert again.status == 200
+        again.close()
+        await client.aclose()
+    assert len(connections) == 2
+
+
 async def test_a_body_larger_than_the_flow_control_mark_is_read_whole() -> None:
     # read() must keep taking bytes as they come: a 4 MiB answer once paused the socket at
     # 256 KiB and waited for a read timeout.

@@ -224,7 +224,7 @@ class HttpSession(LegacySession):
                 log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, describe(exc))
             finally:
                 if finished:
-                    self.spawn(response.finish(_STREAM_END_SECONDS))
+                    self._finish_soon(response)
                 else:
                     response.close()
             if exchange.done or not resume or decoder.last_event_id is None or attempt == _MAX_RESUMES:
@@ -241,6 +241,13 @@ class HttpSession(LegacySession):
             exchange.fail(rpc.backend_protocol_error(
                 self.backend, f"the stream for {exchange.method} ended without a response"))
             self.forget(exchange)
+
+    def _finish_soon(self, response: Response) -> None:
+        """Let the rest of an answered stream end and keep its connection."""
+        if isinstance(response, http1.UpstreamResponse):
+            response.finish_soon(_STREAM_END_SECONDS)  # no task: its connection finishes it
+        else:
+            self.spawn(response.finish(_STREAM_END_SECONDS))
 
     def _deliver(self, data: str, origin: Exchange | None) -> None:
         try:
