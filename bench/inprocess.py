@@ -97,7 +97,10 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
         await asyncio.gather(*(caller(requests // callers) for _ in range(callers)))
         if profiler:
             profiler.disable()
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+            stats = pstats.Stats(profiler).sort_stats("tottime")
+            stats.print_stats(30)
+            if os.environ.get("MCPGW_PROFILE_CALLERS"):
+                stats.print_callers(os.environ["MCPGW_PROFILE_CALLERS"])
         else:
             results.append(1e6 * (time.process_time() - started) / (requests // callers * callers))
     return results
