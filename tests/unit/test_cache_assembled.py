@@ -18,16 +18,9 @@ from gateway.policies.auth import Principal
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import BackendSettings, CacheSettings
+from tests.support.clock import ManualClock
 
 ALICE, BOB = Principal("alice", "https://idp"), Principal("bob", "https://idp")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 class ListingBackend(Backend):
@@ -55,7 +48,7 @@ class ListingBackend(Backend):
 
 @pytest.fixture
 def fleet():
-    clock = Clock()
+    clock = ManualClock()
     backends = [ListingBackend("alpha", ["a1", "a2"]), ListingBackend("beta", ["b1"])]
     table = RouteTable([Target(b, f"{b.name}__") for b in backends])
     cache = StoreCache(MemoryStore(max_entries=100, max_bytes=1 << 20, clock=clock), CacheSettings(), clock=clock)

@@ -5,14 +5,7 @@ from __future__ import annotations
 from gateway.cache.entry import Entry
 from gateway.cache.keys import backend_tag, list_tag
 from gateway.cache.memory import MemoryStore
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def entry(n: int = 0) -> Entry:
@@ -40,7 +33,7 @@ async def test_byte_bound_evicts_until_it_fits_and_oversize_entries_are_not_kept
 
 
 async def test_entries_leave_after_their_keep_time():
-    clock = Clock()
+    clock = ManualClock()
     store = MemoryStore(max_entries=10, max_bytes=10_000, clock=clock)
     await store.put("a", entry(), b"x", [], 500)
     clock.now += 499

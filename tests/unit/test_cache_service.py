@@ -16,14 +16,7 @@ from gateway.policies.auth import Principal
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.table import Target
 from gateway.settings import BackendSettings, CacheSettings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 class NamedBackend(Backend):
@@ -37,8 +30,8 @@ TARGET = Target(NamedBackend(BackendSettings(name="alpha", url="http://127.0.0.1
 ALICE, BOB = Principal("alice", "https://idp"), Principal("bob", "https://idp")
 
 
-def make_cache(clock: Clock | None = None, **settings: Any) -> StoreCache:
-    clock = clock or Clock()
+def make_cache(clock: ManualClock | None = None, **settings: Any) -> StoreCache:
+    clock = clock or ManualClock()
     return StoreCache(
         MemoryStore(max_entries=100, max_bytes=1 << 20, clock=clock), CacheSettings(**settings), clock=clock
     )
@@ -78,7 +71,7 @@ class Loader:
 
 
 async def test_second_request_is_a_hit_with_the_remaining_ttl_and_its_own_id():
-    clock = Clock()
+    clock = ManualClock()
     cache, load = make_cache(clock), Loader(ttl=10_000)
     first, outcome = await cache.fetch(TARGET, call(request_id=1), load)
     assert outcome == "miss" and first["result"]["ttlMs"] == 10_000 and first["id"] == 1
@@ -191,7 +184,7 @@ async def test_cancelled_leader_does_not_fail_the_followers():
     ],
 )
 async def test_stale_if_error_serves_an_expired_entry_within_the_window(failure):
-    clock = Clock()
+    clock = ManualClock()
     cache, load = make_cache(clock, stale_if_error_ms=5_000), Loader(ttl=1_000)
     await cache.fetch(TARGET, call(), load)
     clock.now += 3_000
@@ -208,7 +201,7 @@ async def test_stale_if_error_serves_an_expired_entry_within_the_window(failure)
 
 
 async def test_without_stale_if_error_a_failure_is_the_answer():
-    clock = Clock()
+    clock = ManualClock()
     cache, load = make_cache(clock), Loader(ttl=1_000)
     await cache.fetch(TARGET, call(), load)
     clock.now += 1_000
@@ -254,7 +247,7 @@ async def test_invalidation_drops_lists_and_one_uri_for_every_principal():
 
 
 async def test_a_config_change_for_the_route_starts_from_empty():
-    store_clock = Clock()
+    store_clock = ManualClock()
     store = MemoryStore(max_entries=100, max_bytes=1 << 20, clock=store_clock)
     first = StoreCache(store, CacheSettings(), clock=store_clock)
     load = Loader()

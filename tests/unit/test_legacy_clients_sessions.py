@@ -7,14 +7,7 @@ import asyncio
 import pytest
 
 from gateway.legacy_clients.sessions import EventLog, SessionStore, parse_event_id
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 async def test_ids_are_secure_visible_ascii_and_unique():
@@ -35,7 +28,7 @@ async def test_a_session_is_found_only_by_its_principal():
 
 
 async def test_idle_sessions_expire_but_active_ones_do_not():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     store = SessionStore(idle_seconds=60, max_sessions=10, clock=clock)
     idle = await store.create("p", "2025-11-25", {}, None)
     busy = await store.create("p", "2025-11-25", {}, None)
@@ -50,7 +43,7 @@ async def test_idle_sessions_expire_but_active_ones_do_not():
 
 
 async def test_the_store_is_bounded_and_evicts_the_least_recently_used():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     store = SessionStore(idle_seconds=600, max_sessions=2, clock=clock)
     first = await store.create("p", "2025-11-25", {}, None)
     second = await store.create("p", "2025-11-25", {}, None)

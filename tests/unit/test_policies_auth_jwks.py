@@ -12,14 +12,7 @@ import pytest
 
 from gateway.policies.jwt_keys import JwksKeys, KeySetUnreachable, KeyUnavailable
 from tests.support.oauth import Issuer, JwksEndpoint, ServedApp, ec_key, rsa_key, serve
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +20,14 @@ def keys() -> dict[str, Any]:
     return {"a": rsa_key("a"), "b": rsa_key("b"), "e": ec_key("e")}
 
 
-def source(url: str, clock: Clock, **kw: Any) -> JwksKeys:
+def source(url: str, clock: ManualClock, **kw: Any) -> JwksKeys:
     return JwksKeys(url, cache_seconds=kw.pop("cache_seconds", 300), min_refresh_seconds=kw.pop("min_refresh", 30),
                     clock=clock, **kw)
 
 
 async def test_keys_are_cached_by_kid(keys):
     endpoint = JwksEndpoint(Issuer(keys=[keys["a"], keys["e"]]))
-    clock = Clock()
+    clock = ManualClock(1000.0)
     async with serve(endpoint) as idp:
         jwks = source(f"{idp.base}/jwks", clock)
         rsa_public = await jwks.key_for("a", "RS256")
@@ -47,7 +40,7 @@ async def test_keys_are_cached_by_kid(keys):
 
 async def test_cache_expiry_refetches(keys):
     endpoint = JwksEndpoint(Issuer(keys=[keys["a"]]))
-    clock = Clock()
+    clock = ManualClock(1000.0)
     async with serve(endpoint) as idp:
         jwks = source(f"{idp.base}/jwks", clock)
         await jwks.key_for("a", "RS256")
@@ -59,7 +52,7 @@ async def test_cache_expiry_refetches(keys):
 async def test_rotation_unknown_kid_refetches_once_allowed(keys):
     issuer = Issuer(keys=[keys["a"]])
     endpoint = JwksEndpoint(issuer)
-    clock = Clock()
+    clock = ManualClock(1000.0)
     async with serve(endpoint) as idp:
         jwks = source(f"{idp.base}/jwks", clock)
         await jwks.key_for("a", "RS256")
@@ -73,7 +66,7 @@ async def test_rotation_unknown_kid_refetches_once_allowed(keys):
 
 async def test_a_flood_of_unknown_kids_costs_one_fetch_per_interval(keys):
     endpoint = JwksEndpoint(Issuer(keys=[keys["a"]]))
-    clock = Clock()
+    clock = ManualClock(1000.0)
     async with serve(endpoint) as idp:
         jwks = source(f"{idp.base}/jwks", clock, min_refresh=30)
         await jwks.key_for("a", "RS256")
@@ -93,14 +86,14 @@ async def test_a_flood_of_unknown_kids_costs_one_fetch_per_interval(keys):
 async def test_concurrent_cold_lookups_share_one_fetch(keys):
     endpoint = JwksEndpoint(Issuer(keys=[keys["a"]]))
     async with serve(endpoint) as idp:
-        jwks = source(f"{idp.base}/jwks", Clock(), min_refresh=0)
+        jwks = source(f"{idp.base}/jwks", ManualClock(1000.0), min_refresh=0)
         found = await asyncio.gather(*(jwks.key_for("a", "RS256") for _ in range(20)))
     assert len(found) == 20 and endpoint.fetches == 1
 
 
 async def test_idp_down_keeps_serving_the_cached_set(keys):
     endpoint = JwksEndpoint(Issuer(keys=[keys["a"]]))
-    clock = Clock()
+    clock = ManualClock(1000.0)
     idp = await _started(endpoint)
     jwks = source(f"{idp.base}/jwks", clock)
     await jwks.key_for("a", "RS256")
@@ -118,7 +111,7 @@ async def test_never_fetched_and_unreachable_is_unreachable_not_invalid(keys):
     url = f"{idp.base}/jwks"
     await idp.stop()
     with pytest.raises(KeySetUnreachable, match="has not been fetched"):
-        await source(url, Clock()).key_for("a", "RS256")
+        await source(url, ManualClock(1000.0)).key_for("a", "RS256")
 
 
 async def test_bad_answers_keep_the_old_set(keys):
@@ -130,7 +123,7 @@ async def test_bad_answers_keep_the_old_set(keys):
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    clock = Clock()
+    clock = ManualClock(1000.0)
     async with serve(flaky) as idp:
         jwks = source(f"{idp.base}/jwks", clock, min_refresh=0)
         await jwks.key_for("a", "RS256")
@@ -152,7 +145,7 @@ async def test_symmetric_and_encryption_keys_in_a_jwks_are_ignored(keys):
         await send({"type": "http.response.body", "body": orjson.dumps(document)})
 
     async with serve(mixed) as idp:
-        jwks = source(f"{idp.base}/jwks", Clock())
+        jwks = source(f"{idp.base}/jwks", ManualClock(1000.0))
         assert await jwks.key_for("a", "RS256")
         for kid, alg in (("hmac", "HS256"), ("b", "RS256")):
             with pytest.raises(KeyUnavailable, match=f"kid {kid!r}"):
@@ -162,7 +155,7 @@ async def test_symmetric_and_encryption_keys_in_a_jwks_are_ignored(keys):
 async def test_algorithm_must_fit_the_key(keys):
     endpoint = JwksEndpoint(Issuer(keys=[keys["a"], keys["e"]]))
     async with serve(endpoint) as idp:
-        jwks = source(f"{idp.base}/jwks", Clock())
+        jwks = source(f"{idp.base}/jwks", ManualClock(1000.0))
         with pytest.raises(KeyUnavailable, match="is for RS256"):
             await jwks.key_for("a", "ES256")
 
@@ -170,9 +163,9 @@ async def test_algorithm_must_fit_the_key(keys):
 async def test_kidless_token_only_with_a_single_key(keys):
     async with serve(JwksEndpoint(Issuer(keys=[keys["a"]]))) as one, \
             serve(JwksEndpoint(Issuer(keys=[keys["a"], keys["b"]]))) as two:
-        assert await source(f"{one.base}/jwks", Clock()).key_for(None, "RS256")
+        assert await source(f"{one.base}/jwks", ManualClock(1000.0)).key_for(None, "RS256")
         with pytest.raises(KeyUnavailable, match="names no key"):
-            await source(f"{two.base}/jwks", Clock()).key_for(None, "RS256")
+            await source(f"{two.base}/jwks", ManualClock(1000.0)).key_for(None, "RS256")
 
 
 
