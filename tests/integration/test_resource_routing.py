@@ -48,3 +48,40 @@ async def test_concurrent_misses_share_one_re_listing(pair):
         for uri, response in zip(uris, responses):
             assert response.status_code == 200, (uri, response.text)
             assert response.json()["result"]["contents"][0]["uri"] == uri
+
+
+@pytest.fixture
+def fresh_pair() -> Iterator[tuple[Scripted, Scripted]]:
+    alpha, beta = Scripted("alpha").start(), Scripted("beta").start()
+    yield alpha, beta
+    alpha.stop()
+    beta.stop()
+
+
+async def test_a_template_the_backend_stopped_listing_stops_routing_to_it(fresh_pair):
+    # routing/table.py `learn_templates`: a complete listing replaces what the backend listed
+    # before. Cache off, so that the second listing reaches the backends.
+    alpha, beta = fresh_pair
+    settings = {"backends": [{"name": "alpha", "url": alpha.url}, {"name": "beta", "url": beta.url}],
+                "cache": {"store": "none"}}
+
+    async def read(client: httpx.AsyncClient, uri: str) -> httpx.Response:
+        return await mcp_http.post(client, gw.url, "resources/read", {"uri": uri})
+
+    async with running_gateway(settings) as gw, httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        listed = await mcp_http.post(client, gw.url, "resources/templates/list")
+        assert [t["uriTemplate"] for t in listed.json()["result"]["resourceTemplates"]] == [
+            "scripted://alpha/items/{id}", "scripted://beta/items/{id}"]
+        assert (await read(client, "scripted://alpha/items/7")).json()["result"]["contents"][0]["text"] == \
+            "alpha: items/7"
+
+        await alpha.set_templates(["scripted://alpha/things/{id}"])
+        relisted = await mcp_http.post(client, gw.url, "resources/templates/list")
+        assert [t["uriTemplate"] for t in relisted.json()["result"]["resourceTemplates"]] == [
+            "scripted://alpha/things/{id}", "scripted://beta/items/{id}"]
+        assert (await read(client, "scripted://alpha/things/3")).json()["result"]["contents"][0]["text"] == \
+            "alpha: things/3"
+        # The dropped template no longer claims its URIs: nobody serves them now.
+        gone = await read(client, "scripted://alpha/items/7")
+        assert gone.status_code == 400 and "no backend serves this URI" in gone.json()["error"]["message"]
+        assert (await read(client, "scripted://beta/items/1")).status_code == 200

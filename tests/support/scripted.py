@@ -45,6 +45,10 @@ class Scripted:
         async with httpx.AsyncClient(trust_env=False) as client:
             (await client.post(f"{self._control}/release/{key}")).raise_for_status()
 
+    async def set_templates(self, templates: list[str]) -> None:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            (await client.post(f"{self._control}/templates", json=templates)).raise_for_status()
+
     async def calls(self, method: str | None = None) -> list[dict[str, Any]]:
         calls = (await self.state())["calls"]
         return [c for c in calls if method is None or c["method"] == method]
