@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.procs import free_port
+from tests.support.procs import refused_url
 from tests.support.scripted import Scripted
 
 
@@ -161,7 +161,7 @@ async def test_backend_errors_keep_their_code(gw, client):
 
 
 async def test_unreachable_backend_is_a_gateway_error_naming_it(alpha, client):
-    dead = f"http://127.0.0.1:{free_port()}/mcp"
+    dead = refused_url()
     settings = {"backends": [{"name": "alpha", "url": alpha.url}, {"name": "nowhere", "url": dead}]}
     async with running_gateway(settings, discover=False) as gw:
         response = await mcp_http.post(client, gw.url, "tools/call", {"name": "nowhere__echo"}, id="dead-1")

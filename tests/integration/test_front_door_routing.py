@@ -13,7 +13,7 @@ import pytest
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.procs import free_port
+from tests.support.procs import refused_url
 from tests.support.scripted import Scripted
 from tests.fixtures.servers.scripted_modern import PROMPTS, TOOLS
 
@@ -122,7 +122,7 @@ async def test_cursor_of_another_list_is_refused(fleet, client):
 
 
 async def test_a_dead_backend_is_left_out_of_lists(alpha, client):
-    dead = f"http://127.0.0.1:{free_port()}/mcp"
+    dead = refused_url()
     settings = {"backends": [{"name": "alpha", "url": alpha.url}, {"name": "gone", "url": dead, "retries": 0}]}
     async with running_gateway(settings) as gw:
         tools, _ = await walk(client, gw.url, "tools/list", "tools")
@@ -146,8 +146,8 @@ async def test_a_late_backend_is_left_out_of_lists(alpha, client):
 
 
 async def test_every_backend_failing_is_an_error_naming_them(client):
-    settings = {"backends": [{"name": "one", "url": f"http://127.0.0.1:{free_port()}/mcp", "retries": 0},
-                             {"name": "two", "url": f"http://127.0.0.1:{free_port()}/mcp", "retries": 0}]}
+    settings = {"backends": [{"name": "one", "url": refused_url(), "retries": 0},
+                             {"name": "two", "url": refused_url(), "retries": 0}]}
     async with running_gateway(settings) as gw:
         response = await mcp_http.post(client, gw.url, "tools/list")
         assert response.status_code == 502

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
 from tests.support.listen import eventually
-from tests.support.procs import free_port, gateway_process
+from tests.support.procs import gateway_process, refused_url
 from tests.support.scripted import Scripted
 
 
@@ -36,7 +36,7 @@ async def client():
 
 async def test_healthz_is_always_ok(client):
     # Liveness says the process serves; it does not depend on any backend.
-    settings = {"backends": [{"name": "gone", "url": f"http://127.0.0.1:{free_port()}/mcp"}]}
+    settings = {"backends": [{"name": "gone", "url": refused_url()}]}
     async with running_gateway(settings, discover=False) as gw:
         response = await client.get(f"{gw.base}/healthz")
         assert response.status_code == 200
@@ -45,7 +45,7 @@ async def test_healthz_is_always_ok(client):
 
 async def test_readyz_lists_backends_and_is_ready_with_one_reachable(backend, client):
     settings = {"backends": [{"name": "ops", "url": backend.url},
-                             {"name": "gone", "url": f"http://127.0.0.1:{free_port()}/mcp", "retries": 0}]}
+                             {"name": "gone", "url": refused_url(), "retries": 0}]}
     async with running_gateway(settings) as gw:
         response = await client.get(f"{gw.base}/readyz")
         assert response.status_code == 200
@@ -56,8 +56,8 @@ async def test_readyz_lists_backends_and_is_ready_with_one_reachable(backend, cl
 
 
 async def test_readyz_is_503_when_no_backend_is_reachable(client):
-    settings = {"backends": [{"name": "a", "url": f"http://127.0.0.1:{free_port()}/mcp", "retries": 0},
-                             {"name": "b", "url": f"http://127.0.0.1:{free_port()}/mcp", "retries": 0}]}
+    settings = {"backends": [{"name": "a", "url": refused_url(), "retries": 0},
+                             {"name": "b", "url": refused_url(), "retries": 0}]}
     async with running_gateway(settings, discover=False) as gw:
         response = await client.get(f"{gw.base}/readyz")
         assert response.status_code == 503

@@ -22,6 +22,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Sockets bound (never listening) for the whole test run: see refused_url.
+_HELD_PORTS: list[socket.socket] = []
+
+
+def refused_url() -> str:
+    """A loopback MCP URL where nothing listens, and nothing will: the port stays bound (without
+    `listen()`) by this process for the rest of the run, so connecting is refused, never
+    answered by a server that a later test happened to start on a recycled `free_port()`."""
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(held)
+    return f"http://127.0.0.1:{held.getsockname()[1]}/mcp"
+
+
 def wait_for_port(port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
