@@ -97,6 +97,8 @@ class AssembledAnswers:
         if key is None:
             return
         rest = {k: v for k, v in result.items() if k != "ttlMs"}
+        if not rest:
+            return  # (never: a list answer has its items) the splice below needs one key
         try:
             encoded = orjson.dumps(rest)[1:]
         except (TypeError, orjson.JSONEncodeError):
@@ -106,6 +108,7 @@ class AssembledAnswers:
         old = self._answers.pop(key, None)
         if old is not None:
             self._bytes -= len(old.encoded)
+        # Oldest kept first out: a hot answer is kept again as soon as it is assembled again.
         while self._answers and (len(self._answers) >= MAX_ANSWERS or self._bytes + len(encoded) > MAX_BYTES):
             oldest = self._answers.pop(next(iter(self._answers)))
             self._bytes -= len(oldest.encoded)
