@@ -5,42 +5,62 @@ trace context). Off unless configured; when off, no span objects are made on the
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger("gateway.tracing")
 
 _tracer: trace.Tracer | None = None
 
 
-def configure(enabled: bool, exporter: str = "console", service_name: str = "mcp-gateway") -> None:
-    """Install an SDK tracer provider. `exporter`: console, or otlp when the
-    opentelemetry-exporter-otlp package is installed (it is optional)."""
+def configure(enabled: bool, exporter: str = "console", service_name: str = "mcp-gateway", *,
+              span_exporter: SpanExporter | None = None) -> None:
+    """Make the gateway's tracer. `exporter`: console, or otlp when the
+    opentelemetry-exporter-otlp package is installed (it is optional). `span_exporter` replaces
+    it with an exporter object that gets each span as it ends (tests, debugging).
+
+    The tracer comes from the gateway's own SDK provider, which is also installed as the
+    global one the first time (OpenTelemetry allows that once per process): a later
+    `configure` still takes effect for the gateway's spans."""
     global _tracer
     if not enabled:
         _tracer = None
         return
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-    span_exporter: SpanExporter
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if span_exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(_exporter(exporter)))
+    if not _provider_installed():
+        trace.set_tracer_provider(provider)
+    _tracer = provider.get_tracer("mcp-gateway")
+
+
+def _provider_installed() -> bool:
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def _exporter(exporter: str) -> SpanExporter:
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
     if exporter == "otlp":
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
             raise RuntimeError("observability.tracing_exporter=otlp needs the package opentelemetry-exporter-otlp"
                                ) from None
-        span_exporter = OTLPSpanExporter()
-    else:
-        span_exporter = ConsoleSpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    provider.add_span_processor(BatchSpanProcessor(span_exporter))
-    trace.set_tracer_provider(provider)
-    _tracer = trace.get_tracer("mcp-gateway")
+        return OTLPSpanExporter()
+    return ConsoleSpanExporter()
 
 
 def enabled() -> bool:
