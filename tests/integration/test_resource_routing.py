@@ -4,6 +4,7 @@ fleet's resources/list once, not answered "not found"."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import httpx
@@ -14,12 +15,20 @@ from tests.support.gateway import running_gateway
 from tests.support.scripted import Scripted
 
 
+@contextlib.contextmanager
+def scripted_pair() -> Iterator[tuple[Scripted, Scripted]]:
+    alpha, beta = Scripted("alpha").start(), Scripted("beta").start()
+    try:
+        yield alpha, beta
+    finally:
+        alpha.stop()
+        beta.stop()
+
+
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[Scripted, Scripted]]:
-    alpha, beta = Scripted("alpha").start(), Scripted("beta").start()
-    yield alpha, beta
-    alpha.stop()
-    beta.stop()
+    with scripted_pair() as both:
+        yield both
 
 
 async def test_an_unknown_uri_is_found_by_re_listing(pair):
@@ -52,10 +61,9 @@ async def test_concurrent_misses_share_one_re_listing(pair):
 
 @pytest.fixture
 def fresh_pair() -> Iterator[tuple[Scripted, Scripted]]:
-    alpha, beta = Scripted("alpha").start(), Scripted("beta").start()
-    yield alpha, beta
-    alpha.stop()
-    beta.stop()
+    """Backends of this test alone: it changes what they list."""
+    with scripted_pair() as both:
+        yield both
 
 
 async def test_a_template_the_backend_stopped_listing_stops_routing_to_it(fresh_pair):
