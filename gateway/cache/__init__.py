@@ -3,7 +3,9 @@
 The dispatcher sends every cacheable backend call (`tools/list` pages, `resources/read`, …)
 through `ResponseCache.fetch`, which either answers from the store or calls `load` and maybe
 stores the answer. The outcome becomes the `X-Cache` response header. The answer carries the
-`ttlMs` still left and the `cacheScope` the gateway applied.
+`ttlMs` still left and the `cacheScope` the gateway applied. An aggregated list answer made
+only of fresh entries is kept encoded (`keep_assembled`) and handed out again while those
+entries hold (`assembled_again`, cache/assembled.py).
 
 The subscription hub calls the `invalidate_*` methods; `build_cache` (factory.py) makes the
 configured implementation (`StoreCache` over memory, or Redis with a local layer).
