@@ -11,6 +11,7 @@ the wrk numbers mix with the ASGI server, the kernel and the backend sharing the
     python bench/inprocess.py list --cache none   # tools/list forwarded every time (50 tools, ~5 KB)
     python bench/inprocess.py legacy          # warm modern→legacy tools/call
     python bench/inprocess.py call --callers 1 --profile   # one at a time, cProfile of a round
+    MCPGW_PROFILE_CALLERS=get_running_loop python bench/inprocess.py legacy --profile   # + who calls it
 
 Takes the bench lock (/tmp/mcp-gateway-bench.lock) like run.py, so runs never overlap.
 """
