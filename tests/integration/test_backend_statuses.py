@@ -13,6 +13,7 @@ import pytest
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
+from tests.support.asgi import read_body
 from tests.support.oauth import serve
 
 # tools/call name → (status, extra headers, body) the backend answers with.
@@ -31,12 +32,7 @@ ANSWERS: dict[str, tuple[int, list[tuple[bytes, bytes]], bytes]] = {
 
 
 async def backend(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    body = b""
-    while True:
-        event = await receive()
-        body += event.get("body", b"")
-        if not event.get("more_body"):
-            break
+    body = await read_body(receive)
     msg = orjson.loads(body)
     rid, method = msg.get("id"), msg.get("method")
     if method == "tools/call":

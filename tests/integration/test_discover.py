@@ -17,6 +17,7 @@ from gateway.dispatch import Dispatcher
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import BackendSettings
+from tests.support.asgi import read_body
 from tests.support.oauth import serve
 
 
@@ -30,12 +31,7 @@ class Discoverable:
         self.release = asyncio.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            event = await receive()
-            body += event.get("body", b"")
-            if not event.get("more_body"):
-                break
+        body = await read_body(receive)
         msg = orjson.loads(body)
         self.discovers += msg.get("method") == "server/discover"
         if self.hang:

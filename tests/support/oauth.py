@@ -20,6 +20,8 @@ import uvicorn
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from tests.support.asgi import read_body
+
 ISSUER = "https://idp.test"
 AUDIENCE = "https://mcp.test/mcp"
 
@@ -154,12 +156,7 @@ class RecordingBackend:
         self.list_cache = list_cache or {"ttlMs": 0, "cacheScope": "private"}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.requests.append((list(scope["headers"]), body))
         msg = orjson.loads(body)
         method, rid = msg.get("method"), msg.get("id")
