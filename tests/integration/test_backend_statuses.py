@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from tests.support import mcp_http
-from tests.support.gateway import running_gateway
 from tests.support.asgi import read_body
+from tests.support.gateway import running_gateway
 from tests.support.oauth import serve
 
 # tools/call name → (status, extra headers, body) the backend answers with.
