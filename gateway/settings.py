@@ -93,6 +93,12 @@ class BackendSettings(_Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     inherit_env: tuple[str, ...] = ()
     era: Literal["auto", "modern", "legacy"] = "auto"
+    # HTTP backends: "streamable-http" (2025-03-26 on, and every modern server) or "sse", the
+    # HTTP+SSE transport of 2024-11-05 (a GET stream that names a POST endpoint; always
+    # initialize-era). "auto": Streamable HTTP, unless the era probe (era: auto) gets 404/405
+    # for its POST and a GET on the URL opens an SSE stream whose first event is `endpoint`
+    # (2025-03-26 transports §Backwards Compatibility). docs/legacy.md "HTTP+SSE backends".
+    transport: Literal["auto", "streamable-http", "sse"] = "auto"
     # Prepended to this backend's tool and prompt names. None: "" with one backend,
     # "<name>__" with several (DESIGN.md, the user-facing contract).
     prefix: str | None = None
@@ -153,6 +159,10 @@ class BackendSettings(_Frozen):
     def _one_transport(self) -> BackendSettings:
         if (self.url is None) == (self.command is None):
             raise ValueError("set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
+        if self.transport != "auto" and self.url is None:
+            raise ValueError("'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
+        if self.transport == "sse" and self.era == "modern":
+            raise ValueError("transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: era must be 'legacy' or 'auto'")
         return self
 
 

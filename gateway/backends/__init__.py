@@ -28,18 +28,26 @@ def create_backend(settings: BackendSettings, gateway: GatewaySettings | None = 
 
     from gateway.backends.modern import ModernHttpBackend
 
+    if settings.transport == "sse":
+        from gateway.backends.legacy.sse import LegacySseBackend
+
+        return LegacySseBackend(settings, gateway)  # HTTP+SSE is initialize-era by definition
     if settings.era == "modern":
         return ModernHttpBackend(settings)
     from gateway.backends.legacy.http_backend import LegacyHttpBackend
 
     if settings.era == "legacy":
+        # Pinned: no probe at all, so Streamable HTTP unless `transport: sse` said otherwise.
         return LegacyHttpBackend(settings, gateway)
     from gateway.backends.legacy.detect import AutoBackend, probe_http
+    from gateway.backends.legacy.sse import LegacySseBackend
 
     async def probe() -> str:
         return await probe_http(settings)
 
-    def make(era: str) -> Backend:
-        return ModernHttpBackend(settings) if era == "modern" else LegacyHttpBackend(settings, gateway)
+    def make(kind: str) -> Backend:
+        if kind == "modern":
+            return ModernHttpBackend(settings)
+        return LegacySseBackend(settings, gateway) if kind == "legacy-sse" else LegacyHttpBackend(settings, gateway)
 
     return AutoBackend(settings, probe=probe, make=make)

@@ -14,6 +14,11 @@ LATEST_MODERN = MODERN_VERSIONS[0]
 # Initialize-era revisions the gateway can speak to backends (and, later, to legacy clients).
 LEGACY_VERSIONS: tuple[str, ...] = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_LEGACY = LEGACY_VERSIONS[0]
+# What a legacy *backend* may answer `initialize` with: the above, plus 2024-11-05, the first
+# revision (HTTP+SSE transport, or stdio). Its messages are a subset of 2025-03-26's, so the
+# same translation serves it. The gateway does not serve 2024-11-05 to clients (its
+# transport is not the gateway's endpoint; docs/legacy-clients.md).
+BACKEND_LEGACY_VERSIONS: tuple[str, ...] = (*LEGACY_VERSIONS, "2024-11-05")
 
 
 def is_modern(version: str) -> bool:

@@ -6,35 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import uvicorn
 
 from gateway.backends.legacy import http as legacy_http
 from gateway.backends.legacy.detect import probe_http
 from gateway.backends.upstream import UpstreamClient
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
-
-App = Callable[..., Any]
-
-
-@contextlib.asynccontextmanager
-async def serving(app: App) -> AsyncIterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=1))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
-        sock.close()
+from tests.support.asgi import App, serving
 
 
 def sse_app(body: bytes) -> App:

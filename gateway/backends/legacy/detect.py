@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 
 from gateway.backends.base import Backend, Reply, internal_call
+from gateway.backends.legacy import sse as sse_transport
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -35,6 +36,8 @@ from gateway.settings import BackendSettings
 log = logging.getLogger("gateway.backends.detect")
 
 Era = Literal["modern", "legacy"]
+# What the HTTP probe tells apart: the era, and for a legacy server, HTTP+SSE (2024-11-05).
+Kind = Literal["modern", "legacy", "legacy-sse"]
 MODERN_ERRORS = frozenset({rpc.HEADER_MISMATCH, rpc.MISSING_REQUIRED_CLIENT_CAPABILITY,
                            rpc.UNSUPPORTED_PROTOCOL_VERSION})
 
@@ -56,7 +59,7 @@ def verdict(message: Any) -> Era:
     return "legacy"
 
 
-async def probe_http(settings: BackendSettings) -> Era:
+async def probe_http(settings: BackendSettings) -> Kind:
     """Probe an HTTP backend; raises -31001 naming it when no connection could be made."""
     client = UpstreamClient(settings.name, max_connections=1, connect_timeout=settings.connect_timeout_seconds)
     try:
@@ -65,7 +68,7 @@ async def probe_http(settings: BackendSettings) -> Era:
         await client.aclose()
 
 
-async def _probe(client: UpstreamClient, settings: BackendSettings) -> Era:
+async def _probe(client: UpstreamClient, settings: BackendSettings) -> Kind:
     assert settings.url is not None
     call = internal_call("server/discover")
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
@@ -81,13 +84,31 @@ async def _probe(client: UpstreamClient, settings: BackendSettings) -> Era:
         raise rpc.backend_unavailable(settings.name, f"era probe: {describe(exc)}") from None
     try:
         async with asyncio.timeout(wait):
-            return await _read_verdict(response)
+            if response.status not in (404, 405) or settings.transport != "auto":
+                return await _read_verdict(response)
+            answer = await _json_rpc_answer(response)
+            if answer is not None:
+                return verdict(answer)  # a modern server may refuse with a modern error
     except TimeoutError:
         return "legacy"
     except aiohttp.ClientError as exc:
         raise rpc.backend_unavailable(settings.name, f"era probe: {describe(exc)}") from None
     finally:
         response.close()
+    # A 404/405 without a JSON-RPC answer. 2025-03-26 transports §Backwards Compatibility: it
+    # may be an HTTP+SSE server, which a GET on the same URL tells (first event `endpoint`).
+    if await sse_transport.opens_sse_session(client, settings.url, dict(settings.headers), wait):
+        return "legacy-sse"
+    return "legacy"
+
+
+async def _json_rpc_answer(response: UpstreamResponse) -> dict[str, Any] | None:
+    body = await response.read()
+    try:
+        message = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
+    return message if isinstance(message, dict) and ("result" in message or "error" in message) else None
 
 
 async def _read_verdict(response: UpstreamResponse) -> Era:
@@ -115,12 +136,12 @@ class AutoBackend(Backend):
     failure, the next call probes again (VER: cache per origin, re-probe if it fails)."""
 
     def __init__(self, settings: BackendSettings, *, probe: Callable[[], Any],
-                 make: Callable[[Era], Backend]) -> None:
+                 make: Callable[[Kind], Backend]) -> None:
         super().__init__(settings)
         self._probe = probe
         self._make = make
-        self._delegates: dict[Era, Backend] = {}
-        self.era: Era | None = None
+        self._delegates: dict[Kind, Backend] = {}
+        self.era: Kind | None = None
         self._lock = asyncio.Lock()
 
     async def _delegate(self) -> Backend:
@@ -128,7 +149,7 @@ class AutoBackend(Backend):
             return self._delegates[self.era]
         async with self._lock:
             if self.era is None:
-                era: Era = await self._probe()
+                era: Kind = await self._probe()
                 if era not in self._delegates:
                     backend = self._make(era)
                     await backend.start()

@@ -31,7 +31,7 @@ from typing import Any
 
 from gateway import __version__
 from gateway.protocol import jsonrpc as rpc
-from gateway.protocol.versions import LATEST_LEGACY, LEGACY_VERSIONS
+from gateway.protocol.versions import BACKEND_LEGACY_VERSIONS, LATEST_LEGACY
 
 log = logging.getLogger("gateway.backends.legacy")
 
@@ -213,13 +213,13 @@ class LegacySession(abc.ABC):
             raise rpc.backend_protocol_error(
                 self.backend, f"initialize failed: {err.get('code')} {err.get('message')}")
         version = result.get("protocolVersion")
-        if version not in LEGACY_VERSIONS:
+        if version not in BACKEND_LEGACY_VERSIONS:
             # L-LC: a client that does not support the offered version SHOULD disconnect.
             self.initialize_result = result
             await self.close()
             raise rpc.backend_protocol_error(
                 self.backend, f"initialize offered protocol version {version!r}; the gateway speaks "
-                              f"{', '.join(LEGACY_VERSIONS)}")
+                              f"{', '.join(BACKEND_LEGACY_VERSIONS)}")
         self.version = version
         self.initialize_result = result
         await self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})

@@ -1,0 +1,239 @@
+"""HTTP+SSE (2024-11-05) as a client: the transport before Streamable HTTP.
+
+A session is one long GET on the server's URL. Its first event, `endpoint`, names the URI to
+POST messages to; every POST is acknowledged with 202 and everything the server sends —
+responses, notifications, its own requests — arrives as `message` events on that one GET
+stream (2024-11-05 basic/transports §HTTP with SSE). The session lives exactly as long as the
+stream: when it ends, the server has forgotten the session, so the requests in flight fail
+and the backend opens a new session for the next call.
+
+Attribution is the stdio one (`stdio.py`): responses by id, progress by token, session-wide
+notifications to the listeners; a log message or a server request is credited to the single
+request in flight, and dropped or refused when there are several. Backends of this age are
+usually not concurrent anyway, and the pool keeps a session per client-capability set.
+
+The endpoint must be on the origin of the SSE URL: it is where the backend's configured
+headers (an API key, say) go, and a stream must not be able to send them elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+import orjson
+
+from gateway.backends import http1
+from gateway.backends.legacy.backend import LegacyBackend
+from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
+from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
+from gateway.settings import BackendSettings, GatewaySettings
+
+log = logging.getLogger("gateway.backends.legacy.sse")
+
+_READ_ERRORS = (asyncio.TimeoutError, aiohttp.ClientError, http1.UpstreamConnectionError)
+
+
+def endpoint_uri(stream_url: str, data: str) -> str:
+    """The POST endpoint an `endpoint` event names, resolved against the stream's URL.
+    Raises ValueError when it points at another origin."""
+    endpoint = urljoin(stream_url, data.strip())
+    here, there = urlsplit(stream_url), urlsplit(endpoint)
+    if (there.scheme, there.netloc) != (here.scheme, here.netloc):
+        raise ValueError(f"endpoint {endpoint!r} is not on the origin of {stream_url!r}")
+    return endpoint
+
+
+async def opens_sse_session(client: UpstreamClient, url: str, headers: dict[str, str], wait: float) -> bool:
+    """Whether a GET on `url` opens an HTTP+SSE session: an event stream whose first event is
+    `endpoint` (2025-03-26 transports §Backwards Compatibility). The stream is closed again."""
+    try:
+        response = await client.request_raw("GET", url, {**headers, "accept": "text/event-stream"},
+                                            read_timeout=wait)
+    except (*_READ_ERRORS, rpc.McpError):
+        return False
+    try:
+        if response.status != 200 or response.content_type != "text/event-stream":
+            return False
+        async with asyncio.timeout(wait):
+            async for event, data in response.events(sse.Decoder()):
+                return event == "endpoint" and bool(data.strip())
+    except _READ_ERRORS:
+        return False
+    finally:
+        response.close()
+    return False
+
+
+class SseSession(LegacySession):
+    def __init__(self, backend: str, capabilities: dict[str, Any], on_notification: NotificationSink, *,
+                 client: UpstreamClient, posts: http1.Http1Client, url: str, headers: dict[str, str],
+                 timeout: float, connect_timeout: float, on_lost: Callable[[SseSession, str], None]) -> None:
+        """`client` holds the GET stream, `posts` carries every message; `on_lost` hears that
+        the stream ended while the session was open."""
+        super().__init__(backend, capabilities, on_notification)
+        self.client = client
+        self.posts = posts
+        self.url = url
+        self.static_headers = headers
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.on_lost = on_lost
+        self.endpoint: str | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    # -- LegacySession transport ------------------------------------------------------------
+
+    async def _initialize(self, message: Message) -> Message:
+        self.endpoint = await self._connect()
+        holder = Exchange(message["id"], "initialize")
+        self._exchanges[holder.backend_id] = holder
+        try:
+            await self._post(message)
+            return await holder.next(self.timeout)
+        except SessionExpired:
+            raise rpc.backend_protocol_error(
+                self.backend, f"the endpoint {self.endpoint} does not know the session it just named") from None
+        finally:
+            self.forget(holder)
+
+    async def _send_request(self, exchange: Exchange, message: Message) -> None:
+        await self._post(message)
+
+    async def _send(self, message: Message) -> None:
+        await self._post(message)
+
+    async def _terminate(self) -> None:
+        # No DELETE in this transport: the session ends with its stream.
+        if self._reader is not None:
+            self._reader.cancel()
+
+    # -- the stream -------------------------------------------------------------------------
+
+    async def _connect(self) -> str:
+        """Open the GET stream and wait for its `endpoint` event; the reader keeps running."""
+        headers = {**self.static_headers, "accept": "text/event-stream"}
+        response = await self.client.request("GET", self.url, headers, read_timeout=None)
+        if response.status != 200 or response.content_type != "text/event-stream":
+            response.close()
+            raise rpc.backend_protocol_error(
+                self.backend, f"GET {self.url}: HTTP {response.status} ({response.content_type or 'no body type'}),"
+                              " not an HTTP+SSE stream")
+        endpoint: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.ensure_future(self._read(response, endpoint))
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                return await asyncio.shield(endpoint)
+        except TimeoutError:
+            self._reader.cancel()
+            raise rpc.backend_protocol_error(
+                self.backend, f"GET {self.url}: no endpoint event within {self.connect_timeout:g}s") from None
+
+    async def _read(self, response: UpstreamResponse, endpoint: asyncio.Future[str]) -> None:
+        reason = "the backend ended the SSE stream"
+        try:
+            async for event, data in response.events(sse.Decoder()):
+                if event == "endpoint":
+                    if not endpoint.done():
+                        try:
+                            endpoint.set_result(endpoint_uri(self.url, data))
+                        except ValueError as exc:
+                            endpoint.set_exception(rpc.backend_protocol_error(self.backend, str(exc)))
+                            return
+                elif event == "message" and data:
+                    self._deliver(data)
+        except _READ_ERRORS as exc:
+            reason = f"the SSE stream broke: {describe(exc)}"
+        finally:
+            response.close()
+        if not endpoint.done():
+            endpoint.set_exception(rpc.backend_protocol_error(self.backend, f"{reason} before its endpoint event"))
+            return
+        if not self.closed:
+            log.info("backend %s: %s; the session is gone", self.backend, reason)
+            self.fail_all(rpc.backend_unavailable(self.backend, reason))
+            self.on_lost(self, reason)
+
+    def _deliver(self, data: str) -> None:
+        try:
+            payload: Any = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            log.warning("backend %s sent a non-JSON SSE event; dropped", self.backend)
+            return
+        for item in payload if isinstance(payload, list) else (payload,):
+            if not isinstance(item, dict):
+                continue
+            origin = None
+            if "method" in item and item["method"] != "notifications/progress":
+                origin = self.sole_exchange()  # one stream for everything: stdio's attribution
+            self.route(item, origin)
+
+    async def _post(self, message: Message) -> None:
+        assert self.endpoint is not None
+        headers = {**self.static_headers, "content-type": "application/json"}
+        try:
+            response = await self.posts.post(self.endpoint, orjson.dumps(message), headers,
+                                             read_timeout=self.connect_timeout)
+            body = await response.read()
+        except _READ_ERRORS as exc:
+            raise rpc.backend_unavailable(self.backend, describe(exc)) from None
+        status = response.status
+        if status == 404:
+            raise SessionExpired(self.endpoint)  # the server no longer knows the session id
+        if status >= 500:
+            raise rpc.backend_unavailable(self.backend, f"HTTP {status} from the message endpoint")
+        if status >= 300:
+            raise rpc.backend_protocol_error(
+                self.backend, f"HTTP {status} for {message.get('method') or 'a response'}: {body[:200]!r}")
+
+
+class LegacySseBackend(LegacyBackend):
+    """An HTTP+SSE backend (2024-11-05, or a newer server still offering that transport)."""
+
+    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
+        super().__init__(settings, gateway)
+        assert settings.url is not None
+        self.url = settings.url
+        self._posts = http1.Http1Client(settings.name, max_connections=settings.max_connections,
+                                        connect_timeout=settings.connect_timeout_seconds)
+        self._streams = UpstreamClient(settings.name, max_connections=settings.session_pool_size + 1,
+                                       connect_timeout=settings.connect_timeout_seconds)
+        self._renewals: set[asyncio.Task[Any]] = set()
+
+    async def aclose(self) -> None:
+        for task in list(self._renewals):
+            task.cancel()
+        await super().aclose()
+        await self._streams.aclose()
+        await self._posts.aclose()
+
+    def _new_session(self, capabilities: dict[str, Any]) -> LegacySession:
+        return SseSession(self.name, capabilities, self.listens.deliver, client=self._streams, posts=self._posts,
+                          url=self.url, headers=dict(self.settings.headers), timeout=self.settings.timeout_seconds,
+                          connect_timeout=self.settings.connect_timeout_seconds, on_lost=self._lost)
+
+    async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:
+        return True, None  # the session's own stream carries every notification
+
+    def _lost(self, session: SseSession, reason: str) -> None:
+        """A session's stream ended. The listen session is replaced at once (the listeners
+        are re-subscribed and told that lists may have changed, as after an expiry); any
+        other is closed, and the next call opens a fresh one."""
+        if session is self.listens.session and session in self.pool.pinned:
+            task = asyncio.ensure_future(self._renew(session))
+            self._renewals.add(task)
+            task.add_done_callback(self._renewals.discard)
+        else:
+            session.spawn(session.close())
+
+    async def _renew(self, session: SseSession) -> None:
+        try:
+            await self.pool.renew(session)
+        except rpc.McpError as exc:
+            log.warning("backend %s: could not reopen the listen session: %s", self.name, exc.message)
