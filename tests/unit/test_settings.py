@@ -184,3 +184,17 @@ def test_a_section_variable_that_is_not_json_is_a_config_error(monkeypatch):
         load_settings(None)
     assert err.value.problems[0][0] == "<environment>"
     assert "cache" in err.value.problems[0][1]
+
+
+# -- backend transport ---------------------------------------------------------------------
+
+
+def test_transport_sse_is_initialize_era_and_http_only():
+    assert GatewaySettings(backends=[{"name": "old", "url": "http://127.0.0.1:1/sse", "transport": "sse"}])
+    with pytest.raises(ConfigError) as modern:
+        load_settings(None, backends=[{"name": "old", "url": "http://127.0.0.1:1/sse", "transport": "sse",
+                                       "era": "modern"}])
+    assert "initialize-era" in str(modern.value)
+    with pytest.raises(ConfigError) as stdio:
+        load_settings(None, backends=[{"name": "old", "command": ["x"], "transport": "sse"}])
+    assert "'url' backends only" in str(stdio.value)
