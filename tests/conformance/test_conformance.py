@@ -69,11 +69,28 @@ def legacy_conformance_backend():
         proc.stop()
 
 
+@pytest.fixture(scope="module")
+def legacy_sse_conformance_backend():
+    """The same fixture on the HTTP+SSE transport of 2024-11-05 (FastMCP's sse_app)."""
+    proc = legacy_server("--sse", script="legacy_conformance.py", name="legacy-conformance-sse").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
 @pytest.mark.parametrize("era", ["auto", "legacy"])
 def test_legacy_fixture_through_gateway(legacy_conformance_backend, tmp_path, era):
     """The modern suite through the gateway onto an initialize-era backend: the legacy bridge
     (docs/legacy.md) must make it look modern; the baseline lists only what no bridge can do."""
     gateway = gateway_in_front_of(legacy_conformance_backend.url, tmp_path, era=era).start()
+    assert_suite_passes(gateway, "2026-07-28", BASELINES / "baseline-legacy.txt", tmp_path / "out")
+
+
+def test_legacy_sse_fixture_through_gateway(legacy_sse_conformance_backend, tmp_path):
+    """The same suite onto the HTTP+SSE transport, detected by `era: auto` (docs/legacy.md
+    "HTTP+SSE backends"), with the same baseline: the transport changes nothing a client sees."""
+    gateway = gateway_in_front_of(legacy_sse_conformance_backend.url, tmp_path, era="auto").start()
     assert_suite_passes(gateway, "2026-07-28", BASELINES / "baseline-legacy.txt", tmp_path / "out")
 
 

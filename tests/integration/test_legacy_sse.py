@@ -157,3 +157,30 @@ async def test_a_dead_backend_fails_the_call_by_name() -> None:
             assert "old" in info.value.error.message
     finally:
         proc.stop()
+
+
+async def test_a_call_parked_for_input_does_not_blur_the_next_ones_origin(gateway: RunningGateway) -> None:
+    """One stream carries every call's messages: a backend request is credited to the one call
+    that can have sent it. A call parked for its MRTR retry (its backend call blocked on the
+    gateway's answer) is not a candidate, so the next call's question still reaches its client."""
+    elicitation = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}
+    async with httpx.AsyncClient() as http:
+        first = await mcp_http.post(http, gateway.url, "tools/call", {"name": "ask_user",
+                                    "arguments": {"question": "first?"}}, meta=elicitation)
+        parked = first.json()["result"]
+        assert parked["resultType"] == "input_required"
+        # The first call stays parked (never retried here) while a second one asks.
+        second = await mcp_http.post(http, gateway.url, "tools/call", {"name": "ask_user",
+                                     "arguments": {"question": "second?"}}, id=2, meta=elicitation)
+        asked = second.json()["result"]
+        assert asked["resultType"] == "input_required"
+        (request,) = asked["inputRequests"].values()
+        assert request["params"]["message"] == "second?"
+        # Both complete, each with its own answer.
+        for state, key, text in ((asked, "second", "two"), (parked, "first", "one")):
+            (input_key,) = state["inputRequests"]
+            done = await mcp_http.post(http, gateway.url, "tools/call", {
+                "name": "ask_user", "arguments": {"question": f"{key}?"},
+                "inputResponses": {input_key: {"action": "accept", "content": {"answer": text}}},
+                "requestState": state["requestState"]}, meta=elicitation)
+            assert done.json()["result"]["content"][0]["text"] == f"accept: {text}"

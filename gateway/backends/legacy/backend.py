@@ -293,6 +293,7 @@ class LegacyBackend(Backend):
         continuation = mrtr.Continuation(mrtr.new_continuation_id(), self.name, session, exchange, pending, expires,
                                          on_expire=self._expired, principal=principal)
         self.continuations.park(continuation)
+        exchange.waiting_for_client = True
         state = self.sealer.seal({
             "c": continuation.id, "o": self.owner, "b": self.name, "p": principal,
             "d": mrtr.request_digest(call), "exp": expires, "k": sorted(pending),
@@ -364,6 +365,7 @@ class LegacyBackend(Backend):
         if continuation is None:
             raise rpc.invalid_params("requestState refers to a call that expired or was already resumed", call.id)
         session: LegacySession = continuation.session
+        continuation.exchange.waiting_for_client = False
         responses = call.params.get("inputResponses")
         responses = responses if isinstance(responses, dict) else {}
         unanswered: dict[str, Message] = {}

@@ -48,6 +48,10 @@ SESSION_WIDE = frozenset({
 })
 
 
+# The requests during which a backend may ask the client for input (§h.5).
+INPUT_CARRIERS = frozenset({"tools/call", "prompts/get", "resources/read"})
+
+
 class SessionExpired(Exception):
     """The backend answered 404 to a request carrying our session id: the session is gone
     and the request was not processed (L-TR §Session Management)."""
@@ -59,7 +63,8 @@ class Exchange:
     answer, later its MRTR retry). A deque and one waiter future rather than an
     asyncio.Queue: the queue's setup and bookkeeping were a visible part of a warm legacy call."""
 
-    __slots__ = ("backend_id", "method", "progress_token", "wants_logs", "done", "started", "_items", "_waiter")
+    __slots__ = ("backend_id", "method", "progress_token", "wants_logs", "done", "started", "waiting_for_client",
+                 "_items", "_waiter")
 
     def __init__(self, backend_id: int, method: str) -> None:
         self.backend_id = backend_id
@@ -68,6 +73,8 @@ class Exchange:
         self.wants_logs = False
         self.done = False
         self.started = time.monotonic()
+        # Parked for an MRTR retry: its backend call is blocked on the gateway's answers.
+        self.waiting_for_client = False
         self._items: collections.deque[Message | rpc.McpError] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
 
@@ -325,11 +332,16 @@ class LegacySession(abc.ABC):
 
     # -- demultiplexing -----------------------------------------------------------------
 
-    def sole_exchange(self) -> Exchange | None:
-        """The one request in flight, if exactly one (stdio attribution, see stdio.py)."""
-        if len(self._exchanges) == 1:
-            return next(iter(self._exchanges.values()))
-        return None
+    def sole_origin(self, message: Message) -> Exchange | None:
+        """The request a log message or backend request on a shared stream (stdio, HTTP+SSE)
+        belongs to, when only one can be its origin; None when it is ambiguous. Calls parked
+        for an MRTR retry do not count: their backend call is blocked until the gateway
+        answers. A backend request can only come from a call that may carry input requests
+        (§h.5), so lists and the like in flight beside it do not make it ambiguous."""
+        candidates = [e for e in self._exchanges.values() if not e.waiting_for_client]
+        if "id" in message:
+            candidates = [e for e in candidates if e.method in INPUT_CARRIERS]
+        return candidates[0] if len(candidates) == 1 else None
 
     def route(self, message: Message, origin: Exchange | None) -> None:
         """Deliver one message from the backend; `origin` is the exchange whose stream it

@@ -8,8 +8,8 @@ stream: when it ends, the server has forgotten the session, so the requests in f
 and the backend opens a new session for the next call.
 
 Attribution is the stdio one (`stdio.py`): responses by id, progress by token, session-wide
-notifications to the listeners; a log message or a server request is credited to the single
-request in flight, and dropped or refused when there are several. Backends of this age are
+notifications to the listeners; a log message or a server request is credited to the one
+request in flight that can have sent it, and dropped or refused when several can. Backends of this age are
 usually not concurrent anyway, and the pool keeps a session per client-capability set.
 
 The endpoint must be on the origin of the SSE URL: it is where the backend's configured
@@ -171,7 +171,7 @@ class SseSession(LegacySession):
                 continue
             origin = None
             if "method" in item and item["method"] != "notifications/progress":
-                origin = self.sole_exchange()  # one stream for everything: stdio's attribution
+                origin = self.sole_origin(item)  # one stream for everything: stdio's attribution
             self.route(item, origin)
 
     async def _post(self, message: Message) -> None:

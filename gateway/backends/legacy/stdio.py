@@ -10,8 +10,8 @@ first; a legacy process answers it with an error, or not at all, and is then ini
 
 Attribution on a single pipe: responses by id, progress by token, listen notifications by
 subscription id. Log messages and legacy backend requests carry no request reference on
-stdio, so they are credited to the request in flight when there is exactly one, and
-otherwise dropped (logs, §h.8) or refused (backend requests, §h.5). A legacy process is one
+stdio, so they are credited to the one request in flight that can have sent them, and
+otherwise dropped (logs, §h.8) or refused (backend requests, §h.5): `sole_origin`. A legacy process is one
 session for its whole life, so it is initialized declaring every capability MRTR can carry;
 a client that lacks the one a backend request needs gets -32021.
 """
@@ -211,7 +211,7 @@ class StdioSession(LegacySession):
     def receive(self, message: Message) -> None:
         origin = None
         if "method" in message and message["method"] != "notifications/progress":
-            origin = self.sole_exchange()
+            origin = self.sole_origin(message)
         self.route(message, origin)
 
     async def _write(self, message: Message) -> None:
