@@ -5,7 +5,8 @@ server implements and that changes nothing, so a legacy server that skips the "i
 first" rule still cannot act on it. Only positive modern evidence counts as modern: a
 DiscoverResult that lists a modern version, or one of the three modern error codes. Anything
 else — 400 "Missing session ID", -32000 "Server not initialized", a 404 without a JSON-RPC
-body, 405, a redirect, a connected server's silence — means legacy. A connection failure
+body, 405, a redirect, a connected server's silence — means legacy; and a 404/405 whose URL
+answers GET with an `endpoint` event means legacy over HTTP+SSE (`sse.py`). A connection failure
 (refused, reset, or no connection within connect_timeout_seconds) is no verdict at all: the
 call fails with -31001 and the next one probes again.
 
@@ -130,6 +131,13 @@ async def _read_verdict(response: UpstreamResponse) -> Era:
         return "legacy"
 
 
+_SPOKEN: dict[str, str] = {
+    "modern": "modern protocol",
+    "legacy": "initialize-era protocol over Streamable HTTP (or stdio)",
+    "legacy-sse": "initialize-era protocol over HTTP+SSE (2024-11-05 transport)",
+}
+
+
 class AutoBackend(Backend):
     """`era: auto`: probes on first use, then delegates to the modern or the legacy backend.
     The verdict is kept until it stops holding: when the delegate reports a protocol
@@ -154,7 +162,7 @@ class AutoBackend(Backend):
                     backend = self._make(era)
                     await backend.start()
                     self._delegates[era] = backend
-                log.info("backend %s: speaks the %s protocol", self.name, era)
+                log.info("backend %s: speaks the %s", self.name, _SPOKEN[era])
                 self.era = era
             return self._delegates[self.era]
 
