@@ -23,6 +23,7 @@ from starlette.middleware import Middleware
 from gateway import asgi, ops
 from gateway.endpoint import McpEndpoint
 from gateway.legacy_clients import LegacyClients
+from gateway.legacy_clients.sse_front import SseFront
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
 from gateway.policies.head import HeadPhase, HeadPolicy
@@ -109,6 +110,13 @@ class GatewayApp:
             "/readyz": ops.Readyz(self.runtime),
             "/metrics": ops.metrics,
         }
+        if self.legacy_clients is not None and server.legacy_sse_path is not None:
+            # HTTP+SSE clients (2024-11-05) on their own two paths, served by the same
+            # legacy sessions; behind the same pipeline (host, origin, auth, limits).
+            front = SseFront(self.legacy_clients, path=server.legacy_sse_path,
+                             keepalive_seconds=server.keepalive_seconds, max_connections=server.legacy_max_sessions,
+                             max_body_bytes=server.max_body_bytes)
+            self.routes.update({front.path: front.stream, front.messages_path: front.message})
         if settings.auth.mode == "jwt":
             metadata = ProtectedResourceMetadata(settings.auth)
             self.routes.update({path: metadata for path in metadata_paths(settings.auth, server.path)})

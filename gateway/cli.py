@@ -163,7 +163,8 @@ def cmd_routes(args: argparse.Namespace) -> int:
     for b in settings.backends:
         where = b.url or " ".join(b.command or ())
         prefix = settings.prefix_of(b)
-        print(f"{b.name:<20} era={b.era:<7} prefix={prefix!r:<16} {where}")
+        transport = "stdio" if b.command else b.transport
+        print(f"{b.name:<20} era={b.era:<7} transport={transport:<16} prefix={prefix!r:<16} {where}")
         for p in b.resource_prefixes:
             print(f"{'':<20} resources under {p!r}")
     return 0

@@ -58,13 +58,26 @@ class ServerSettings(_Frozen):
     # How long a legacy client has to answer a request the gateway sent it (elicitation,
     # sampling, roots) on behalf of a backend's InputRequiredResult.
     legacy_input_timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # Legacy clients of the HTTP+SSE transport (2024-11-05): GET here opens a session's
+    # stream, messages are POSTed to "<this>/messages" (docs/legacy-clients.md). None: off.
+    # Needs legacy_clients.
+    legacy_sse_path: str | None = "/sse"
 
-    @field_validator("path")
+    @field_validator("path", "legacy_sse_path")
     @classmethod
-    def _path(cls, v: str) -> str:
+    def _path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if not v.startswith("/"):
             raise ValueError("must start with '/'")
         return v.rstrip("/") or "/"
+
+    @model_validator(mode="after")
+    def _distinct_paths(self) -> ServerSettings:
+        sse = self.legacy_sse_path
+        if sse is not None and self.path in (sse, f"{sse.rstrip('/')}/messages"):
+            raise ValueError(f"legacy_sse_path {sse!r} and its /messages must differ from path {self.path!r}")
+        return self
 
     @field_validator("allowed_origins")
     @classmethod

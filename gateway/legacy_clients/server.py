@@ -34,6 +34,7 @@ from gateway.dispatch import SERVER_INFO, Dispatcher
 from gateway.legacy_clients import translate
 from gateway.legacy_clients.calls import LegacyCallRunner
 from gateway.legacy_clients.notifications import SessionNotifications
+from gateway.legacy_clients.sse_front import OLD_TRANSPORT
 from gateway.legacy_clients.sessions import EventLog, LegacySession, Message, SessionStore, parse_event_id
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -244,7 +245,7 @@ class LegacyClients:
         if not isinstance(params, dict) or not isinstance(params.get("capabilities", {}), dict):
             await _send_error(send, rpc.invalid_params('"params.capabilities" must be an object', request_id))
             return
-        version = translate.negotiate_version(params.get("protocolVersion"))
+        version = translate.negotiate_version(params.get("protocolVersion"), old_transport=bool(scope.get(OLD_TRANSPORT)))
         try:
             reply = await self.dispatcher.dispatch(internal_call("server/discover", request_id=request_id))
             fleet = (await reply.final()).get("result") or {}

@@ -20,7 +20,7 @@ from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call, parse_call
-from gateway.protocol.versions import LATEST_LEGACY, LATEST_MODERN, LEGACY_VERSIONS
+from gateway.protocol.versions import LATEST_LEGACY, LATEST_MODERN, LEGACY_VERSIONS, OLDEST_LEGACY
 
 Message = dict[str, Any]
 
@@ -51,9 +51,12 @@ INPUT_METHODS = {
 }
 
 
-def negotiate_version(requested: Any) -> str:
-    """L-LC §Version Negotiation: echo the client's version if supported, else our latest."""
-    return requested if isinstance(requested, str) and requested in LEGACY_VERSIONS else LATEST_LEGACY
+def negotiate_version(requested: Any, *, old_transport: bool = False) -> str:
+    """L-LC §Version Negotiation: echo the client's version if supported, else our latest.
+    Over HTTP+SSE (sse_front.py) 2024-11-05 is supported too: it is that transport's revision,
+    and its messages are a subset of the later ones."""
+    supported = (*LEGACY_VERSIONS, OLDEST_LEGACY) if old_transport else LEGACY_VERSIONS
+    return requested if isinstance(requested, str) and requested in supported else LATEST_LEGACY
 
 
 def legacy_capabilities(fleet: dict[str, Any], *, notifications: bool) -> dict[str, Any]:

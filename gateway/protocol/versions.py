@@ -16,9 +16,10 @@ LEGACY_VERSIONS: tuple[str, ...] = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_LEGACY = LEGACY_VERSIONS[0]
 # What a legacy *backend* may answer `initialize` with: the above, plus 2024-11-05, the first
 # revision (HTTP+SSE transport, or stdio). Its messages are a subset of 2025-03-26's, so the
-# same translation serves it. The gateway does not serve 2024-11-05 to clients (its
-# transport is not the gateway's endpoint; docs/legacy-clients.md).
-BACKEND_LEGACY_VERSIONS: tuple[str, ...] = (*LEGACY_VERSIONS, "2024-11-05")
+# same translation serves it. Clients get it only over HTTP+SSE, its own transport
+# (legacy_clients/sse_front.py); on the Streamable HTTP endpoint they get 2025-11-25.
+OLDEST_LEGACY = "2024-11-05"
+BACKEND_LEGACY_VERSIONS: tuple[str, ...] = (*LEGACY_VERSIONS, OLDEST_LEGACY)
 
 
 def is_modern(version: str) -> bool:

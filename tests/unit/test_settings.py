@@ -198,3 +198,12 @@ def test_transport_sse_is_initialize_era_and_http_only():
     with pytest.raises(ConfigError) as stdio:
         load_settings(None, backends=[{"name": "old", "command": ["x"], "transport": "sse"}])
     assert "'url' backends only" in str(stdio.value)
+
+
+def test_the_http_sse_paths_must_not_shadow_the_endpoint():
+    assert load_settings(None, server={"legacy_sse_path": None}).server.legacy_sse_path is None
+    assert load_settings(None, server={"legacy_sse_path": "/events/"}).server.legacy_sse_path == "/events"
+    for clash in ("/mcp", "/mcp/"):
+        with pytest.raises(ConfigError) as info:
+            load_settings(None, server={"path": "/mcp/messages", "legacy_sse_path": clash})
+        assert "legacy_sse_path" in str(info.value)

@@ -1,0 +1,263 @@
+"""HTTP+SSE (the 2024-11-05 transport) for legacy clients, on top of the Streamable HTTP one.
+
+A client opens `GET /sse`; the first event, `endpoint`, names `POST /sse/messages?session_id=…`,
+where it sends every message and gets 202; everything the gateway says — responses,
+notifications, its own requests — comes back as `message` events on that one GET stream
+(2024-11-05 basic/transports §HTTP with SSE).
+
+Rather than a second legacy server, this module drives the Streamable HTTP one (`server.py`)
+exactly as a Streamable HTTP client would, and moves what it answers onto the stream: each
+POSTed message becomes an internal POST to `LegacyClients.handle` whose answer (JSON, or the
+events of its SSE response) is re-emitted on the stream, and after `initialize` an internal
+GET holds the session's notification stream open into the same place. Sessions, MRTR, logs,
+subscriptions and cancellation are therefore the ones docs/legacy-clients.md describes.
+
+The connection is the session: when the client's GET ends, the gateway session ends with it.
+A POST must come from the principal that opened the stream (else 404, as for an unknown id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from gateway import asgi
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol import sse
+
+if TYPE_CHECKING:
+    from gateway.legacy_clients.server import LegacyClients
+
+log = logging.getLogger("gateway.legacy_clients.sse")
+
+_EVENT_STREAM = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store"),
+                 (b"x-accel-buffering", b"no")]
+_INTERNAL_ACCEPT = (b"accept", b"application/json, text/event-stream")
+# Messages queued for a client that reads nothing; past this the connection is cut.
+_QUEUE_LIMIT = 1000
+# Marks the internal requests in their scope: `initialize` may then negotiate 2024-11-05,
+# the revision whose clients speak this transport (server.py).
+OLD_TRANSPORT = "mcp_gateway.http_sse"
+
+
+class _Connection:
+    """One client's GET stream: the queue of what to write on it, and its gateway session."""
+
+    def __init__(self, connection_id: str, principal_key: str, scope: asgi.Scope) -> None:
+        self.id = connection_id
+        self.principal_key = principal_key
+        self.auth = scope.get("auth")
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_LIMIT)
+        self.closed = asyncio.Event()
+        self.session_id: str | None = None  # the gateway session, once initialize succeeded
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def push(self, message: Any) -> None:
+        try:
+            self.outbox.put_nowait(b"event: message\ndata: " + orjson.dumps(message) + b"\n\n")
+        except asyncio.QueueFull:
+            log.warning("legacy SSE client %s: %d messages unread; closing its stream", self.id[:8], _QUEUE_LIMIT)
+            self.closed.set()
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def disconnected(self) -> asgi.Message:
+        """The internal requests' `receive`: nothing until the client's stream is gone."""
+        await self.closed.wait()
+        return {"type": "http.disconnect"}
+
+
+class _Relay:
+    """The `send` of one internal request: its answer, message by message, onto the stream.
+    `on_start` sees the status and headers before any of it is relayed."""
+
+    def __init__(self, connection: _Connection,
+                 on_start: Callable[[int, dict[bytes, bytes]], bool] | None = None) -> None:
+        self.connection = connection
+        self.on_start = on_start
+        self._relaying = True
+        self._decoder: sse.Decoder | None = None
+        self._body = bytearray()
+
+    async def __call__(self, message: asgi.Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = {name.lower(): value for name, value in message.get("headers", [])}
+            if self.on_start is not None:
+                self._relaying = self.on_start(message["status"], headers)
+            if headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+                self._decoder = sse.Decoder()
+            return
+        if not self._relaying:
+            return
+        chunk = message.get("body", b"")
+        if self._decoder is not None:
+            for event, data in self._decoder.feed(chunk):
+                if event == "message" and data:  # priming events carry no data
+                    self.connection.push(orjson.loads(data))
+            return
+        self._body += chunk
+        if not message.get("more_body") and self._body:
+            self.connection.push(orjson.loads(bytes(self._body)))
+
+
+class SseFront:
+    def __init__(self, server: LegacyClients, *, path: str, keepalive_seconds: float, max_connections: int,
+                 max_body_bytes: int) -> None:
+        self.server = server
+        self.path = path
+        self.messages_path = f"{path.rstrip('/')}/messages"
+        self.keepalive_seconds = keepalive_seconds
+        self.max_connections = max_connections
+        self.max_body_bytes = max_body_bytes
+        self._connections: dict[str, _Connection] = {}
+
+    # -- GET: the stream ------------------------------------------------------------------
+
+    async def stream(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["method"] != "GET":
+            await asgi.send_json(send, 405, rpc.error_message(
+                None, rpc.INVALID_REQUEST, f"Method Not Allowed: {scope['method']}; open the stream with GET"),
+                [(b"allow", b"GET")])
+            return
+        if len(self._connections) >= self.max_connections:
+            await asgi.send_json(send, 503, rpc.error_message(
+                None, rpc.INVALID_REQUEST, f"too many HTTP+SSE clients ({self.max_connections}, "
+                                           "server.legacy_max_sessions)"))
+            return
+        connection = _Connection(secrets.token_urlsafe(24), _principal_key(scope), scope)
+        self._connections[connection.id] = connection
+        log.info("legacy SSE client connected (%d live)", len(self._connections))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _EVENT_STREAM})
+            endpoint = f"{self.messages_path}?session_id={connection.id}"
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": f"event: endpoint\ndata: {endpoint}\n\n".encode()})
+            await self._pump(connection, receive, send)
+            await send({"type": "http.response.body", "body": b""})  # a no-op once the client is gone
+        finally:
+            del self._connections[connection.id]
+            connection.closed.set()
+            await self._end(connection)
+
+    async def _pump(self, connection: _Connection, receive: asgi.Receive, send: asgi.Send) -> None:
+        async def disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass  # the GET's (empty) body
+
+        gone = asyncio.ensure_future(disconnect())
+        try:
+            while not connection.closed.is_set():
+                nxt = asyncio.ensure_future(connection.outbox.get())
+                done, _ = await asyncio.wait({nxt, gone}, timeout=self.keepalive_seconds,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if nxt not in done:
+                    nxt.cancel()
+                    if gone in done:
+                        return
+                    await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
+                    continue
+                chunk = nxt.result()
+                if chunk is None:
+                    return
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            gone.cancel()
+
+    async def _end(self, connection: _Connection) -> None:
+        for task in list(connection.tasks):
+            task.cancel()
+        if connection.session_id is not None:
+            await self._end_session(connection, connection.session_id)
+        log.info("legacy SSE client disconnected (%d live)", len(self._connections))
+
+    # -- POST: the messages ---------------------------------------------------------------
+
+    async def message(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["method"] != "POST":
+            await asgi.send_json(send, 405, rpc.error_message(
+                None, rpc.INVALID_REQUEST, f"Method Not Allowed: {scope['method']}; POST messages here"),
+                [(b"allow", b"POST")])
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        connection = self._connections.get((query.get("session_id") or [""])[0])
+        if connection is None or connection.principal_key != _principal_key(scope):
+            # Another principal's stream is as unknown as a closed one (no existence oracle).
+            await asgi.send_json(send, 404, rpc.error_message(
+                None, rpc.INVALID_REQUEST, "Unknown session_id: open a stream with GET "
+                                           f"{self.path} and POST to the endpoint it names"))
+            return
+        try:
+            body = await asgi.read_body(receive, self.max_body_bytes)
+        except asgi.BodyTooLarge:
+            await asgi.send_json(send, 413, rpc.error_message(
+                None, rpc.INVALID_REQUEST, f"Request body exceeds {self.max_body_bytes} bytes"))
+            return
+        except asgi.ClientGone:
+            return
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            await asgi.send_json(send, 400, rpc.parse_error(str(exc)).to_message())
+            return
+        await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"8")]})
+        await send({"type": "http.response.body", "body": b"Accepted"})
+        is_initialize = isinstance(message, dict) and message.get("method") == "initialize"
+        connection.spawn(self._deliver(connection, scope, body, is_initialize))
+
+    async def _deliver(self, connection: _Connection, scope: asgi.Scope, body: bytes, is_initialize: bool) -> None:
+        """One message through the Streamable HTTP server, its answer onto the stream."""
+        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+        if connection.session_id is not None and not is_initialize:
+            headers["mcp-session-id"] = connection.session_id
+        replaced: list[str] = []
+
+        def started(status: int, answer_headers: dict[bytes, bytes]) -> bool:
+            # The session id is taken before the InitializeResult is relayed: the client's
+            # next POST may arrive as soon as it has read it.
+            session_id = answer_headers.get(b"mcp-session-id")
+            if is_initialize and status == 200 and session_id is not None:
+                if connection.session_id is not None:
+                    replaced.append(connection.session_id)
+                connection.session_id = session_id.decode("latin-1")
+            return True
+
+        inner = {**scope, "method": "POST", "query_string": b"", "auth": connection.auth, OLD_TRANSPORT: True,
+                 "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+        try:
+            await self.server.handle(inner, body, headers, connection.disconnected, _Relay(connection, started))
+        except Exception:
+            log.exception("legacy SSE client %s: a message failed", connection.id[:8])
+            return
+        for old in replaced:  # a second initialize on one stream starts over
+            await self._end_session(connection, old)
+        if is_initialize and connection.session_id is not None and self.server.dispatcher.hub is not None:
+            connection.spawn(self._notifications(connection, scope, connection.session_id))
+
+    async def _notifications(self, connection: _Connection, scope: asgi.Scope, session_id: str) -> None:
+        """The session's notification stream (the Streamable HTTP GET), held for the client;
+        a refusal (no hub, a stream already open) relays nothing."""
+        inner = {**scope, "method": "GET", "query_string": b"", "auth": connection.auth,
+                 "headers": [_INTERNAL_ACCEPT, (b"mcp-session-id", session_id.encode())]}
+        relay = _Relay(connection, lambda status, _headers: status == 200)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.server(inner, connection.disconnected, relay)
+
+    async def _end_session(self, connection: _Connection, session_id: str) -> None:
+        session = self.server.sessions.get(session_id, connection.principal_key)
+        if session is not None:
+            await self.server.sessions.end(session)
+
+
+def _principal_key(scope: asgi.Scope) -> str:
+    principal = scope.get("auth")
+    return getattr(principal, "key", "") if principal is not None else ""
