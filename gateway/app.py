@@ -110,17 +110,25 @@ class GatewayApp:
             "/readyz": ops.Readyz(self.runtime),
             "/metrics": ops.metrics,
         }
+        # HTTP+SSE clients (2024-11-05) on their own two paths, served by the same legacy
+        # sessions, behind the same pipeline (host, origin, auth, limits).
+        self.sse_front: SseFront | None = None
         if self.legacy_clients is not None and server.legacy_sse_path is not None:
-            # HTTP+SSE clients (2024-11-05) on their own two paths, served by the same
-            # legacy sessions; behind the same pipeline (host, origin, auth, limits).
-            front = SseFront(self.legacy_clients, path=server.legacy_sse_path,
-                             keepalive_seconds=server.keepalive_seconds, max_connections=server.legacy_max_sessions,
-                             max_body_bytes=server.max_body_bytes)
-            self.routes.update({front.path: front.stream, front.messages_path: front.message})
+            self.sse_front = SseFront(self.legacy_clients, path=server.legacy_sse_path,
+                                      keepalive_seconds=server.keepalive_seconds,
+                                      max_connections=server.legacy_max_sessions, max_body_bytes=server.max_body_bytes)
+            self.routes.update({self.sse_front.path: self.sse_front.stream,
+                                self.sse_front.messages_path: self.sse_front.message})
         if settings.auth.mode == "jwt":
             metadata = ProtectedResourceMetadata(settings.auth)
             self.routes.update({path: metadata for path in metadata_paths(settings.auth, server.path)})
         self.app = wrap(self._route, pipeline(settings))
+
+    async def begin_shutdown(self) -> None:
+        """The server stopped accepting: long-lived streams end now, so the drain can finish."""
+        if self.sse_front is not None:
+            self.sse_front.close_all()
+        await self.runtime.begin_shutdown()
 
     async def _route(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         path = scope["path"]

@@ -77,7 +77,7 @@ async def _serve(settings: GatewaySettings) -> None:
 
         async def shutdown(self, sockets: Any = None) -> None:
             # Long-lived streams get their graceful end first, so the drain can finish.
-            await app.runtime.begin_shutdown()
+            await app.begin_shutdown()
             await super().shutdown(sockets)
 
     config = uvicorn.Config(

@@ -121,6 +121,14 @@ class SseFront:
         self.max_body_bytes = max_body_bytes
         self._connections: dict[str, _Connection] = {}
 
+    def close_all(self) -> None:
+        """Server shutdown: end every stream now (their sessions end with them), so that the
+        graceful drain is not held by connections that never finish on their own."""
+        for connection in self._connections.values():
+            with contextlib.suppress(asyncio.QueueFull):
+                connection.outbox.put_nowait(None)
+            connection.closed.set()
+
     # -- GET: the stream ------------------------------------------------------------------
 
     async def stream(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:

@@ -166,3 +166,12 @@ async def test_a_session_belongs_to_its_stream_and_its_principal(gateway: Runnin
         assert len(sessions) == 0
         gone = await http.post(client.endpoint, content=b"{}", headers={"authorization": "Bearer alice"})
         assert gone.status_code == 404
+
+
+async def test_shutdown_ends_the_streams(gateway: RunningGateway) -> None:
+    """The server's graceful drain must not wait for HTTP+SSE clients that never leave."""
+    async with httpx.AsyncClient(timeout=10) as http, RawSseClient(http, sse_url(gateway)) as client:
+        await client.initialize()
+        await gateway.app.begin_shutdown()
+        with pytest.raises(StopAsyncIteration):
+            await client.next_message(timeout=5)
