@@ -78,6 +78,17 @@ class ClientGone(Exception):
     pass
 
 
+async def read_body_or_refuse(receive: Receive, send: Send, limit: int) -> bytes | None:
+    """The body; None once a too large one was answered 413, or when the client left."""
+    try:
+        return await read_body(receive, limit)
+    except BodyTooLarge:
+        await send_json(send, 413, rpc.error_message(None, rpc.INVALID_REQUEST, f"Request body exceeds {limit} bytes"))
+    except ClientGone:
+        pass
+    return None
+
+
 async def read_body(receive: Receive, limit: int) -> bytes:
     """The whole request body, refusing more than `limit` bytes (chunked bodies included)."""
     chunks: list[bytes] = []

@@ -53,13 +53,8 @@ class McpEndpoint:
             )
             return
         headers = asgi.request_headers(scope)
-        try:
-            body = await asgi.read_body(receive, self.max_body_bytes)
-        except asgi.BodyTooLarge:
-            await asgi.send_json(send, 413, rpc.error_message(
-                None, rpc.INVALID_REQUEST, f"Request body exceeds {self.max_body_bytes} bytes"))
-            return
-        except asgi.ClientGone:
+        body = await asgi.read_body_or_refuse(receive, send, self.max_body_bytes)
+        if body is None:
             return
 
         # Legacy clients are claimed before modern validation so that they never see a modern

@@ -204,13 +204,8 @@ class SseFront:
                 None, rpc.INVALID_REQUEST, "Unknown session_id: open a stream with GET "
                                            f"{self.path} and POST to the endpoint it names"))
             return
-        try:
-            body = await asgi.read_body(receive, self.max_body_bytes)
-        except asgi.BodyTooLarge:
-            await asgi.send_json(send, 413, rpc.error_message(
-                None, rpc.INVALID_REQUEST, f"Request body exceeds {self.max_body_bytes} bytes"))
-            return
-        except asgi.ClientGone:
+        body = await asgi.read_body_or_refuse(receive, send, self.max_body_bytes)
+        if body is None:
             return
         try:
             message = orjson.loads(body)

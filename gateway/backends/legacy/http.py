@@ -250,15 +250,8 @@ class HttpSession(LegacySession):
             self.spawn(response.finish(_STREAM_END_SECONDS))
 
     def _deliver(self, data: str, origin: Exchange | None) -> None:
-        try:
-            payload: Any = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            log.warning("backend %s sent a non-JSON SSE event; dropped", self.backend)
-            return
-        # 2025-03-26 allowed batches; accept arrays (§h.2).
-        for item in payload if isinstance(payload, list) else (payload,):
-            if isinstance(item, dict):
-                self.route(item, origin)
+        for message in self.decode(data):
+            self.route(message, origin)
 
     async def _get(self, last_event_id: str | None = None) -> UpstreamResponse:
         headers = self._headers()

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import orjson
+
 from gateway import __version__
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.versions import BACKEND_LEGACY_VERSIONS, LATEST_LEGACY
@@ -342,6 +344,16 @@ class LegacySession(abc.ABC):
         if "id" in message:
             candidates = [e for e in candidates if e.method in INPUT_CARRIERS]
         return candidates[0] if len(candidates) == 1 else None
+
+    def decode(self, data: str) -> list[Message]:
+        """The messages of one SSE event's data: a JSON-RPC object, or an array of them, which
+        2025-03-26 allowed (batches, §h.2). Anything else is dropped with a warning."""
+        try:
+            payload: Any = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            log.warning("backend %s sent a non-JSON SSE event; dropped", self.backend)
+            return []
+        return [item for item in (payload if isinstance(payload, list) else (payload,)) if isinstance(item, dict)]
 
     def route(self, message: Message, origin: Exchange | None) -> None:
         """Deliver one message from the backend; `origin` is the exchange whose stream it

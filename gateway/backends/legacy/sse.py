@@ -161,18 +161,11 @@ class SseSession(LegacySession):
             self.on_lost(self, reason)
 
     def _deliver(self, data: str) -> None:
-        try:
-            payload: Any = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            log.warning("backend %s sent a non-JSON SSE event; dropped", self.backend)
-            return
-        for item in payload if isinstance(payload, list) else (payload,):
-            if not isinstance(item, dict):
-                continue
+        for message in self.decode(data):
             origin = None
-            if "method" in item and item["method"] != "notifications/progress":
-                origin = self.sole_origin(item)  # one stream for everything: stdio's attribution
-            self.route(item, origin)
+            if "method" in message and message["method"] != "notifications/progress":
+                origin = self.sole_origin(message)  # one stream for everything: stdio's attribution
+            self.route(message, origin)
 
     async def _post(self, message: Message) -> None:
         assert self.endpoint is not None
