@@ -135,7 +135,9 @@ class LegacyBackend(Backend):
         pending: dict[str, Message] = {}
         # Each leg of a call (the first request, each MRTR retry) gets max_call_seconds, however
         # often the backend sends progress in between (SHTTP: senders SHOULD enforce a maximum).
-        deadline = asyncio.get_running_loop().time() + self.settings.max_call_seconds
+        # time.monotonic(), not the loop's clock: the same clock, without a getpid() system call
+        # per lookup of the loop on Python 3.11.
+        deadline = time.monotonic() + self.settings.max_call_seconds
         try:
             message = await self._next(call, exchange, pending, deadline)
             assert message is not None  # nothing pending: no gathering window
@@ -165,7 +167,7 @@ class LegacyBackend(Backend):
         once (e.g. elicitation and sampling under asyncio.gather), which reach us one SSE
         event at a time: requests that arrive together become one InputRequiredResult.
         Past `deadline` (max_call_seconds) the call fails with -31002."""
-        remaining = deadline - asyncio.get_running_loop().time()
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise self._overdue(call)
         if pending:
