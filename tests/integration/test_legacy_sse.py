@@ -184,3 +184,22 @@ async def test_a_call_parked_for_input_does_not_blur_the_next_ones_origin(gatewa
                 "inputResponses": {input_key: {"action": "accept", "content": {"answer": text}}},
                 "requestState": state["requestState"]}, meta=elicitation)
             assert done.json()["result"]["content"][0]["text"] == f"accept: {text}"
+
+
+async def test_listens_end_when_their_session_cannot_be_replaced() -> None:
+    """The stream ended and the backend stays down: the listen streams end too, so that the
+    hub listens again later (a silent stream would never carry anything again)."""
+    proc = legacy_venv.legacy_server("--sse", name="legacy-sse-gone").start()
+    try:
+        config = {"backends": [{"name": "old", "url": proc.url, "transport": "sse", "connect_timeout_seconds": 2}]}
+        async with running_gateway(config) as gw:
+            listen = internal_call("subscriptions/listen", {"notifications": {
+                "resourceSubscriptions": ["demo://greeting"]}}, request_id="L1")
+            reply = await gw.runtime.backends[0].send(listen)
+            assert reply.stream is not None
+            await anext(reply.stream)  # the acknowledgement
+            proc.stop()
+            with pytest.raises(StopAsyncIteration):
+                await asyncio.wait_for(anext(reply.stream), 15)
+    finally:
+        proc.stop()

@@ -14,6 +14,7 @@ import mcp
 import pytest
 from mcp_types import ElicitResult
 
+from gateway.backends.base import internal_call
 from tests.support import legacy_venv
 from tests.support.gateway import running_gateway
 from tests.support.procs import FIXTURE_SERVERS
@@ -67,6 +68,30 @@ async def test_legacy_stdio_backend_end_to_end() -> None:
             await _wait_for_restart(backend, old_pid)
             again = await client.call_tool("echo", {"text": "after restart"})
             assert again.content[0].text == "after restart"
+
+
+async def test_a_dead_process_ends_its_listens() -> None:
+    """The subscriptions died with the process: the listen streams end, and the hub listens
+    again on the restarted one (a stream left open would stay silent for good)."""
+    settings = {"backends": [{"name": "files", "command": _legacy_command(), "era": "legacy"}]}
+    async with running_gateway(settings) as gw:
+        (backend,) = gw.runtime.backends
+        listen = internal_call("subscriptions/listen", {"notifications": {
+            "resourceSubscriptions": ["demo://greeting"]}}, request_id="L1")
+        reply = await backend.send(listen)
+        assert reply.stream is not None
+        ack = await anext(reply.stream)
+        assert ack["params"]["notifications"] == {"resourceSubscriptions": ["demo://greeting"]}
+        old_pid = backend.process.pid
+        os.kill(old_pid, signal.SIGKILL)
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(reply.stream), 10)
+        await _wait_for_restart(backend, old_pid)
+        again = await backend.send(listen)
+        assert again.stream is not None
+        ack = await anext(again.stream)
+        assert ack["params"]["notifications"] == {"resourceSubscriptions": ["demo://greeting"]}
+        await again.aclose()
 
 
 async def test_modern_stdio_backend_end_to_end(caplog: pytest.LogCaptureFixture) -> None:

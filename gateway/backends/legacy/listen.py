@@ -48,7 +48,7 @@ class _Listener:
         self.agreed = agreed
         self.methods = {method for flag, (_, method) in _LIST_FLAGS.items() if agreed.get(flag)}
         self.uris: list[str] = list(agreed.get("resourceSubscriptions") or [])
-        self.queue: asyncio.Queue[Message] = asyncio.Queue(_QUEUE_LIMIT)
+        self.queue: asyncio.Queue[Message | None] = asyncio.Queue(_QUEUE_LIMIT)
 
     def wants(self, message: Message) -> bool:
         method = message.get("method")
@@ -59,6 +59,13 @@ class _Listener:
             # SCHEMA: the uri "might be a sub-resource of the one that the client subscribed to".
             return isinstance(uri, str) and any(uri == u or uri.startswith(u.rstrip("/") + "/") for u in self.uris)
         return False
+
+    def end(self) -> None:
+        """End the stream after what is queued (a full queue gives up its oldest message: the
+        hub treats the end as a gap anyway)."""
+        if self.queue.full():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
 
     def offer(self, message: Message) -> None:
         if not self.wants(message):
@@ -86,6 +93,15 @@ class LegacyListens:
         """A session-wide notification from any session of the backend."""
         for listener in list(self._listeners):
             listener.offer(message)
+
+    def end_all(self) -> None:
+        """The session the listens lived on is gone and no replacement took over (a stdio
+        process died, an HTTP+SSE stream ended and the backend is down): end every listen
+        stream. The hub listens again with backoff, on a fresh session, and tells its clients
+        what may have been missed (docs/subscriptions.md); left open, the streams would stay
+        silent for good, their subscriptions gone with the session."""
+        for listener in list(self._listeners):
+            listener.end()
 
     async def aclose(self) -> None:
         if self._channel is not None:
@@ -124,8 +140,8 @@ class LegacyListens:
             # SUB: the acknowledgement comes first and names what will be delivered.
             yield rpc.notification("notifications/subscriptions/acknowledged", {
                 "notifications": listener.agreed, "_meta": {meta.SUBSCRIPTION_ID: listener.id}})
-            while True:
-                yield await listener.queue.get()
+            while (message := await listener.queue.get()) is not None:
+                yield message
         finally:
             self._listeners.discard(listener)
             session = self._session

@@ -230,3 +230,4 @@ class LegacySseBackend(LegacyBackend):
             await self.pool.renew(session)
         except rpc.McpError as exc:
             log.warning("backend %s: could not reopen the listen session: %s", self.name, exc.message)
+            self.listens.end_all()

@@ -280,6 +280,7 @@ class LegacyStdioBackend(LegacyBackend):
             session.fail_all(rpc.backend_unavailable(self.name, reason))
             if not session.closed:
                 session.spawn(session.close())
+            self.listens.end_all()  # their subscriptions died with the process
 
 
 # -- modern over stdio -------------------------------------------------------------------
