@@ -175,3 +175,22 @@ async def test_shutdown_ends_the_streams(gateway: RunningGateway) -> None:
         await gateway.app.begin_shutdown()
         with pytest.raises(StopAsyncIteration):
             await client.next_message(timeout=5)
+
+
+async def test_streams_beyond_the_limit_get_503_and_other_methods_405(conformance_backend) -> None:
+    config = {"backends": [{"name": "conf", "url": conformance_backend.url, "era": "modern"}],
+              "server": {"legacy_max_sessions": 1}}
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=10) as http:
+        async with RawSseClient(http, sse_url(gw)):
+            second = await http.get(sse_url(gw), headers={"accept": "text/event-stream"})
+            assert second.status_code == 503
+            assert "legacy_max_sessions" in second.json()["error"]["message"]
+        assert (await http.post(sse_url(gw), content=b"{}")).status_code == 405
+        assert (await http.get(sse_url(gw) + "/messages")).status_code == 405
+
+
+async def test_off_when_legacy_clients_are_off(conformance_backend) -> None:
+    config = {"backends": [{"name": "conf", "url": conformance_backend.url, "era": "modern"}],
+              "server": {"legacy_clients": False}}
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=10) as http:
+        assert (await http.get(sse_url(gw), headers={"accept": "text/event-stream"})).status_code == 404
