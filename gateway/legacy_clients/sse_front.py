@@ -40,8 +40,11 @@ log = logging.getLogger("gateway.legacy_clients.sse")
 _EVENT_STREAM = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store"),
                  (b"x-accel-buffering", b"no")]
 _INTERNAL_ACCEPT = (b"accept", b"application/json, text/event-stream")
-# Messages queued for a client that reads nothing; past this the connection is cut.
+# Messages queued for a client that reads nothing; past this the connection is cut. And a
+# write the client's socket does not take within this long cuts it too (a stalled reader
+# would otherwise hold the stream, and its session, for ever).
 _QUEUE_LIMIT = 1000
+_STALLED_WRITE_SECONDS = 60.0
 # Marks the internal requests in their scope: `initialize` may then negotiate 2024-11-05,
 # the revision whose clients speak this transport (server.py).
 OLD_TRANSPORT = "mcp_gateway.http_sse"
@@ -177,7 +180,12 @@ class SseFront:
                 chunk = nxt.result()
                 if chunk is None:
                     return
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                try:
+                    async with asyncio.timeout(_STALLED_WRITE_SECONDS):
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except TimeoutError:
+                    log.warning("legacy SSE client %s: not reading; closing its stream", connection.id[:8])
+                    return
         finally:
             gone.cancel()
 
