@@ -40,6 +40,34 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any:
+    """The uvicorn configuration the gateway runs under (tests use it too, so that they run
+    the same HTTP protocol as production)."""
+    import uvicorn
+
+    from gateway.http11 import Http11Protocol
+
+    options: dict[str, Any] = dict(
+        host=settings.server.host,
+        port=settings.server.port,
+        lifespan="on",
+        log_level=settings.observability.log_level,
+        access_log=settings.observability.access_log,
+        timeout_graceful_shutdown=settings.server.graceful_shutdown_seconds,
+        server_header=False,
+        # The hot path (bench/README.md "Profile", "Fourth round"): the gateway's own HTTP/1.1
+        # protocol (gateway/http11.py) unless `server.http: uvicorn` asks for uvicorn's
+        # httptools one. No X-Forwarded-* rewriting: nothing in the gateway reads
+        # scope["client"] or scope["scheme"], so that middleware was pure cost per request.
+        # A deep listen backlog for bursts of new connections.
+        http=Http11Protocol if settings.server.http == "gateway" else "httptools",
+        proxy_headers=False,
+        backlog=4096,
+    )
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
 async def _serve(settings: GatewaySettings) -> None:
     import uvicorn
 
@@ -80,22 +108,7 @@ async def _serve(settings: GatewaySettings) -> None:
             await app.begin_shutdown()
             await super().shutdown(sockets)
 
-    config = uvicorn.Config(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        lifespan="on",
-        log_level=settings.observability.log_level,
-        access_log=settings.observability.access_log,
-        timeout_graceful_shutdown=settings.server.graceful_shutdown_seconds,
-        server_header=False,
-        # The hot path (bench/README.md "Profile"): http "auto" already picks httptools (C
-        # parser, uvicorn[standard]). No X-Forwarded-* rewriting: nothing in the gateway reads
-        # scope["client"] or scope["scheme"], so that middleware was pure cost per request.
-        # A deep listen backlog for bursts of new connections.
-        proxy_headers=False,
-        backlog=4096,
-    )
+    config = uvicorn_config(app, settings)
     server = GatewayServer(config)
     servers.append(server)
     print(f"mcp-gateway {__version__} listening on http://{settings.server.host}:{settings.server.port}"

@@ -43,6 +43,9 @@ class ServerSettings(_Frozen):
     max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
     # How long a shutdown waits for in-flight requests before closing them.
     graceful_shutdown_seconds: Annotated[float, Field(ge=0)] = 20.0
+    # The HTTP/1.1 protocol under uvicorn: "gateway" (gateway/http11.py, the fast one) or
+    # "uvicorn" (its own httptools protocol: the fallback should the gateway's misbehave).
+    http: Literal["gateway", "uvicorn"] = "gateway"
     # SSE keep-alive comment interval on quiet streams.
     keepalive_seconds: Annotated[float, Field(gt=0)] = 15.0
     # Serve initialize-era clients (2025-11-25/06-18/03-26) with gateway sessions on the same

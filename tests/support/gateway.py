@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import GatewayApp, build_app
+from gateway.cli import uvicorn_config
 from gateway.settings import GatewaySettings, load_settings
 
 
@@ -45,7 +46,9 @@ async def running_gateway(settings: GatewaySettings | dict[str, Any], *, discove
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = build_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", timeout_graceful_shutdown=2))
+    # The production uvicorn configuration (its HTTP protocol included), minus logging noise.
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=2))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

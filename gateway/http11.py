@@ -1,0 +1,452 @@
+"""The gateway's HTTP/1.1 protocol for uvicorn (`uvicorn.Config(http=Http11Protocol)`).
+
+uvicorn stays the server: sockets, the lifespan, signals, graceful shutdown and its
+`ServerState`. This class replaces only its per-connection protocol, which measured as the
+largest single cost of a cached answer (bench/README.md "Fourth round": uvicorn's
+`HttpToolsProtocol` ~30 µs of CPU per request before any application code, this one ~14;
+the cached `tools/list` 11.5 k → 15.1 k req/s). The same parser (httptools/llhttp), the same
+ASGI 3 contract; what is left out is what the gateway does not use (WebSocket upgrades, the
+`--limit-concurrency` switch, proxy headers). What it does differently, and why:
+
+- One write per answer when the body comes with it: the head is held until the first body
+  chunk (or the end of the response), instead of a `send()` of its own.
+- Keep-alive without a timer per response: an idle connection notes when it became idle, and
+  one sweep per second closes those idle longer than `timeout_keep_alive`.
+- No event, flow-control object or request-cycle object per request beyond one small slotted
+  `_Exchange`; one task per request, as uvicorn.
+
+What it keeps: pipelined requests answered in order (reading pauses while one waits);
+request bodies delivered as they arrive, reading paused above 64 KiB unread; write
+back-pressure (`pause_writing` → `send` waits); `Expect: 100-continue`; HEAD; chunked
+responses when the application sets no Content-Length (SSE); 400 for a malformed request,
+431 for more than 64 KiB of header fields, 500 when the application fails before answering;
+`http.disconnect` once the client is gone or the response is complete; uvicorn's graceful
+shutdown (`shutdown()`, `ServerState.connections` and `.tasks`), `Date` header and access log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import http
+import logging
+import weakref
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+
+log = logging.getLogger("uvicorn.error")
+access_log = logging.getLogger("uvicorn.access")
+
+MAX_HEADER_BYTES = 64 * 1024
+# Unread request body above which the socket stops being read until the application reads.
+_BODY_HIGH_WATER = 64 * 1024
+_SWEEP_SECONDS = 1.0
+_STATUS_LINES = {
+    status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode() for status in http.HTTPStatus
+}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_DISCONNECT = {"type": "http.disconnect"}
+
+
+def _status_line(status: int) -> bytes:
+    return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode()
+
+
+def _refusal(status: int, text: str) -> bytes:
+    body = text.encode()
+    return b"".join((_status_line(status), b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+                     b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body))
+
+
+class _Exchange:
+    """One request and its response on a connection."""
+
+    __slots__ = ("scope", "body", "body_done", "expect_continue", "keep_alive", "waiter", "started", "complete",
+                 "gone", "head", "chunked", "remaining", "head_only")
+
+    def __init__(self, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
+        self.scope = scope
+        self.body = bytearray()
+        self.body_done = False
+        self.expect_continue = expect_continue
+        self.keep_alive = keep_alive
+        self.waiter: asyncio.Future[None] | None = None
+        self.started = False
+        self.complete = False
+        self.gone = False
+        self.head: bytes | None = None  # held until the first body chunk
+        self.chunked = False
+        self.remaining: int | None = None  # Content-Length still to send
+        self.head_only = scope["method"] == "HEAD"
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _Sweeper:
+    """Closes connections idle for longer than the keep-alive timeout, once a second."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        self.loop = loop
+        self.connections = connections
+        self.handle: asyncio.TimerHandle | None = None
+
+    def ensure(self) -> None:
+        if self.handle is None:
+            self.handle = self.loop.call_later(_SWEEP_SECONDS, self.sweep)
+
+    def sweep(self) -> None:
+        self.handle = None
+        now = self.loop.time()
+        for connection in list(self.connections):
+            if isinstance(connection, Http11Protocol):
+                connection.close_if_idle(now)
+        if self.connections:
+            self.ensure()
+
+
+_sweepers: weakref.WeakKeyDictionary[Any, _Sweeper] = weakref.WeakKeyDictionary()
+
+
+class Http11Protocol(asyncio.Protocol):
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not config.loaded:
+            config.load()
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.state = server_state
+        self.app_state = app_state
+        self.root_path = config.root_path
+        self.keep_alive_seconds = config.timeout_keep_alive
+        self.access_log = access_log.hasHandlers()
+        self.parser = httptools.HttpRequestParser(self)
+        sweeper = _sweepers.get(server_state)
+        if sweeper is None:
+            sweeper = _sweepers[server_state] = _Sweeper(self.loop, server_state.connections)
+        self.sweeper = sweeper
+        self.transport: asyncio.Transport | None = None
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.scheme = "http"
+        self.active: _Exchange | None = None  # being answered
+        self.parsing: _Exchange | None = None  # being read (the active one, or a pipelined one)
+        self.waiting: collections.deque[_Exchange] = collections.deque()  # pipelined, in order
+        self.idle_since: float | None = None
+        self.closing = False
+        self.reading_paused = False
+        self.write_paused = False
+        self.drained: asyncio.Future[None] | None = None
+        # Per message being parsed.
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
+
+    # -- connection ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport subclass
+        self.state.connections.add(self)
+        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = _address(transport.get_extra_info("peername"))
+        if transport.get_extra_info("sslcontext") is not None:
+            self.scheme = "https"
+        self.idle_since = self.loop.time()
+        self.sweeper.ensure()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.connections.discard(self)
+        self.closing = True
+        for exchange in (self.active, *self.waiting):
+            if exchange is not None:
+                exchange.gone = True
+                exchange.wake()
+        self.waiting.clear()
+        self._resume_writers()
+
+    def close_if_idle(self, now: float) -> None:
+        if self.idle_since is not None and now - self.idle_since >= self.keep_alive_seconds:
+            self._close()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close now if idle, else after the current answer."""
+        self.closing = True
+        if self.active is None:
+            self._close()
+        else:
+            self.active.keep_alive = False
+
+    def _close(self) -> None:
+        self.closing = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._resume_writers()
+
+    def _resume_writers(self) -> None:
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.closing:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    # -- parsing (httptools callbacks) ------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self.idle_since = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "Upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._refuse(431 if self._header_bytes > MAX_HEADER_BYTES else 400, f"Bad Request: {exc}")
+
+    def _refuse(self, status: int, text: str) -> None:
+        if self.transport is not None and self.active is None and not self.transport.is_closing():
+            self.transport.write(_refusal(status, text))
+        self._close()
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise httptools.HttpParserError("request header fields too large")
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        url = httptools.parse_url(self._url)
+        raw_path = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.4"},
+            "http_version": parser.get_http_version(),
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "method": parser.get_method().decode("ascii"),
+            "root_path": self.root_path,
+            "path": self.root_path + path,
+            "raw_path": raw_path,
+            "query_string": url.query or b"",
+            "headers": self._headers,
+            "state": self.app_state.copy(),
+        }
+        expect = any(name == b"expect" and value.lower() == b"100-continue" for name, value in self._headers)
+        exchange = _Exchange(scope, parser.should_keep_alive() and not self.closing, expect)
+        self.parsing = exchange
+        if self.active is None:
+            self._start(exchange)
+        else:
+            self.waiting.append(exchange)  # pipelined: answered after the one in flight
+            self._pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        exchange = self.parsing
+        if exchange is None:
+            return
+        exchange.body += body
+        if len(exchange.body) > _BODY_HIGH_WATER:
+            self._pause_reading()
+        exchange.wake()
+
+    def on_message_complete(self) -> None:
+        exchange = self.parsing
+        if exchange is not None:
+            exchange.body_done = True
+            exchange.wake()
+        self.parsing = None
+
+    # -- one request ----------------------------------------------------------------------
+
+    def _start(self, exchange: _Exchange) -> None:
+        self.active = exchange
+        task = self.loop.create_task(self._run(exchange))
+        self.state.tasks.add(task)
+        task.add_done_callback(self.state.tasks.discard)
+
+    async def _run(self, exchange: _Exchange) -> None:
+        receive = self._receiver(exchange)
+        send = self._sender(exchange)
+        try:
+            await self.app(exchange.scope, receive, send)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                log.error("Exception in ASGI application", exc_info=exc)
+            if exchange.started or exchange.gone:
+                self._close()
+            else:
+                self._answer_500(exchange)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        if not exchange.complete and not exchange.gone:
+            if exchange.started:
+                log.error("ASGI callable returned without completing response.")
+                self._close()
+            else:
+                log.error("ASGI callable returned without starting response.")
+                self._answer_500(exchange)
+
+    def _answer_500(self, exchange: _Exchange) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_refusal(500, "Internal Server Error"))
+        exchange.complete = True
+        self._close()
+
+    def _receiver(self, exchange: _Exchange) -> Any:
+        async def receive() -> dict[str, Any]:
+            if exchange.expect_continue and not exchange.body and not exchange.body_done:
+                exchange.expect_continue = False
+                if self.transport is not None and not exchange.started:
+                    self.transport.write(_CONTINUE)
+            while True:
+                if exchange.gone or exchange.complete:
+                    return _DISCONNECT
+                if exchange.body or (exchange.body_done and exchange.body is not None):
+                    break
+                self._resume_reading()
+                exchange.waiter = self.loop.create_future()
+                try:
+                    await exchange.waiter
+                finally:
+                    exchange.waiter = None
+            body = bytes(exchange.body)
+            more = not exchange.body_done
+            if more:
+                exchange.body.clear()
+                self._resume_reading()
+            else:
+                exchange.body = None  # type: ignore[assignment]  # delivered: later calls wait for the end
+            return {"type": "http.request", "body": body, "more_body": more}
+
+        return receive
+
+    def _sender(self, exchange: _Exchange) -> Any:
+        async def send(message: dict[str, Any]) -> None:
+            if exchange.gone:
+                return
+            if self.write_paused:
+                self.drained = self.drained or self.loop.create_future()
+                await self.drained
+                if exchange.gone:
+                    return
+            kind = message["type"]
+            if not exchange.started:
+                if kind != "http.response.start":
+                    raise RuntimeError(f"Expected ASGI message 'http.response.start', but got {kind!r}.")
+                self._head(exchange, message)
+                return
+            if kind != "http.response.body" or exchange.complete:
+                raise RuntimeError(f"Unexpected ASGI message {kind!r} sent, after response already completed."
+                                   if exchange.complete else f"Expected 'http.response.body', but got {kind!r}.")
+            self._body(exchange, message.get("body", b""), message.get("more_body", False))
+
+        return send
+
+    def _head(self, exchange: _Exchange, message: dict[str, Any]) -> None:
+        status = message["status"]
+        exchange.started = True
+        parts = [_status_line(status)]
+        for name, value in (*self.state.default_headers, *message.get("headers", ())):
+            if b"\n" in name or b"\r" in name or b":" in name or b"\n" in value or b"\r" in value:
+                raise RuntimeError("Invalid HTTP header name or value.")
+            lower = name.lower()
+            if lower == b"content-length":
+                exchange.remaining = int(value)
+            elif lower == b"transfer-encoding":
+                continue  # framing is this protocol's business
+            elif lower == b"connection" and b"close" in value.lower():
+                exchange.keep_alive = False
+                continue
+            parts += (name, b": ", value, b"\r\n")
+        if exchange.remaining is None and not exchange.head_only and status >= 200 and status not in (204, 304):
+            exchange.chunked = True
+            parts.append(b"transfer-encoding: chunked\r\n")
+        if not exchange.keep_alive or self.closing:
+            exchange.keep_alive = False
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        exchange.head = b"".join(parts)
+        if self.access_log:
+            scope = exchange.scope
+            client = "%s:%d" % self.client if self.client else "-"
+            query = scope["query_string"].decode("latin-1")
+            access_log.info('%s - "%s %s HTTP/%s" %d', client, scope["method"],
+                            scope["path"] + ("?" + query if query else ""), scope["http_version"], status)
+
+    def _body(self, exchange: _Exchange, body: bytes, more: bool) -> None:
+        out: list[bytes] = []
+        if exchange.head is not None:
+            out.append(exchange.head)
+            exchange.head = None
+        if exchange.head_only:
+            pass
+        elif exchange.chunked:
+            if body:
+                out += (b"%x\r\n" % len(body), body, b"\r\n")
+            if not more:
+                out.append(b"0\r\n\r\n")
+        elif body:
+            assert exchange.remaining is not None
+            exchange.remaining -= len(body)
+            if exchange.remaining < 0:
+                raise RuntimeError("Response content longer than Content-Length")
+            out.append(body)
+        if out and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if more:
+            return
+        exchange.complete = True
+        exchange.wake()  # a receive() waiting for the end returns http.disconnect
+        if not exchange.head_only and exchange.remaining not in (None, 0):
+            log.error("Response content shorter than Content-Length")
+            exchange.keep_alive = False
+        self._finished(exchange)
+
+    def _finished(self, exchange: _Exchange) -> None:
+        self.state.total_requests += 1
+        self.active = None
+        if not exchange.keep_alive or self.closing:
+            self._close()
+            return
+        if self.waiting:
+            self._start(self.waiting.popleft())
+            if not self.waiting:
+                self._resume_reading()
+            return
+        self.idle_since = self.loop.time()
+        self._resume_reading()
+
+
+def _address(info: Any) -> tuple[str, int] | None:
+    if isinstance(info, tuple) and len(info) >= 2:
+        return str(info[0]), int(info[1])
+    return None
