@@ -19,7 +19,8 @@ What it keeps: pipelined requests answered in order (reading pauses while one wa
 request bodies delivered as they arrive, reading paused above 64 KiB unread; write
 back-pressure (`pause_writing` → `send` waits); `Expect: 100-continue`; HEAD; chunked
 responses when the application sets no Content-Length (SSE); 400 for a malformed request,
-431 for more than 64 KiB of header fields, 500 when the application fails before answering;
+431 for more than 64 KiB of header fields, 500 when the application fails before answering
+(or sends a header with CR/LF in it); an `Upgrade` answered as plain HTTP/1.1, then closed;
 `http.disconnect` once the client is gone or the response is complete; uvicorn's graceful
 shutdown (`shutdown()`, `ServerState.connections` and `.tasks`), `Date` header and access log.
 """
@@ -214,7 +215,14 @@ class Http11Protocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(400, "Upgrades are not supported")
+            # No protocol to switch to (RFC 9110 §7.8: the server may ignore Upgrade): the
+            # request is answered over HTTP/1.1, as uvicorn does, and the connection closed
+            # after it, since the parser reads no further on it.
+            exchange = self.active or self.parsing
+            if exchange is not None:
+                exchange.keep_alive = False
+            else:
+                self._close()
         except httptools.HttpParserError as exc:
             self._refuse(431 if self._header_bytes > MAX_HEADER_BYTES else 400, f"Bad Request: {exc}")
 
@@ -373,7 +381,6 @@ class Http11Protocol(asyncio.Protocol):
 
     def _head(self, exchange: _Exchange, message: dict[str, Any]) -> None:
         status = message["status"]
-        exchange.started = True
         parts = [_status_line(status)]
         for name, value in (*self.state.default_headers, *message.get("headers", ())):
             if b"\n" in name or b"\r" in name or b":" in name or b"\n" in value or b"\r" in value:
@@ -395,6 +402,7 @@ class Http11Protocol(asyncio.Protocol):
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
         exchange.head = b"".join(parts)
+        exchange.started = True
         if self.access_log:
             scope = exchange.scope
             client = "%s:%d" % self.client if self.client else "-"

@@ -1,0 +1,223 @@
+"""gateway/http11.py, the HTTP/1.1 protocol under uvicorn, on a real loopback socket: raw
+bytes in, raw bytes out, against small ASGI apps that show what the application saw."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from gateway.http11 import MAX_HEADER_BYTES, Http11Protocol
+
+App = Any
+
+
+@contextlib.asynccontextmanager
+async def serving(app: App, **config: Any) -> AsyncIterator[tuple[int, uvicorn.Server]]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http=Http11Protocol, lifespan="off", log_level="warning",
+                                           timeout_graceful_shutdown=1, **config))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield sock.getsockname()[1], server
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+        sock.close()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One response: status line, headers (lower-case), body (Content-Length or chunked)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    status, *lines = head[:-4].split(b"\r\n")
+    headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines)}
+    if b"content-length" in headers:
+        return status, headers, await reader.readexactly(int(headers[b"content-length"]))
+    body = b""
+    if headers.get(b"transfer-encoding") == b"chunked":
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            body += chunk[:-2]
+    return status, headers, body
+
+
+def echo_app(seen: list[dict[str, Any]] | None = None) -> App:
+    """Answers with the request body it read, with a Content-Length."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body, chunks = b"", 0
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            chunks += 1
+            if not message.get("more_body"):
+                break
+        if seen is not None:
+            seen.append({"path": scope["path"], "query": scope["query_string"], "method": scope["method"],
+                         "chunks": chunks, "headers": dict(scope["headers"])})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+    return app
+
+
+async def test_keep_alive_pipelining_and_one_write_per_answer() -> None:
+    seen: list[dict[str, Any]] = []
+    async with serving(echo_app(seen)) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # Three requests in one segment: answered in order on the one connection.
+        writer.write(b"".join(b"POST /p%d?x=%d HTTP/1.1\r\nhost: h\r\ncontent-length: 2\r\n\r\nb%d" % (i, i, i)
+                              for i in range(3)))
+        for i in range(3):
+            status, headers, body = await read_response(reader)
+            assert status == b"HTTP/1.1 200 OK" and body == b"b%d" % i
+            assert b"date" in headers and b"connection" not in headers
+        assert [(s["path"], s["query"]) for s in seen] == [("/p0", b"x=0"), ("/p1", b"x=1"), ("/p2", b"x=2")]
+        writer.close()
+
+
+async def test_chunked_request_bodies_stream_and_the_response_is_chunked_without_a_length() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        parts = []
+        while True:
+            message = await receive()
+            parts.append(message["body"])
+            if not message["more_body"]:
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for part in parts:
+            if part:
+                await send({"type": "http.response.body", "body": part.upper(), "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with serving(app) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # a second chunk, later: the app reads it as a second message
+        writer.write(b"2\r\nde\r\n0\r\n\r\n")
+        status, headers, body = await read_response(reader)
+        assert headers[b"transfer-encoding"] == b"chunked"
+        assert body == b"ABCDE"
+        writer.close()
+
+
+async def test_expect_100_continue_head_and_connection_close() -> None:
+    async with serving(echo_app()) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 2\r\nexpect: 100-continue\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"ok")
+        assert (await read_response(reader))[2] == b"ok"
+        writer.write(b"HEAD / HTTP/1.1\r\nhost: h\r\n\r\n")
+        status, headers, _ = await read_response_head_only(reader)
+        assert status == b"HTTP/1.1 200 OK" and headers[b"content-length"] == b"0"
+        writer.write(b"POST / HTTP/1.1\r\nhost: h\r\nconnection: close\r\ncontent-length: 1\r\n\r\nz")
+        status, headers, body = await read_response(reader)
+        assert headers[b"connection"] == b"close" and body == b"z"
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed after the answer
+        writer.close()
+
+
+async def read_response_head_only(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    status, *lines = head[:-4].split(b"\r\n")
+    return status, {k.lower(): v for k, _, v in (line.partition(b": ") for line in lines)}, b""
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"NOT HTTP AT ALL\r\n\r\n", b"400"),
+    (b"GET / HTTP/1.1\r\nhost: h\r\nx-big: " + b"a" * (MAX_HEADER_BYTES + 1) + b"\r\n\r\n", b"431"),
+])
+async def test_malformed_requests_are_refused_and_closed(request_bytes: bytes, status: bytes) -> None:
+    async with serving(echo_app()) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes)
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 " + status)
+        assert b"connection: close" in answer
+        writer.close()
+
+
+async def test_an_upgrade_is_answered_as_http_1_1_and_the_connection_closed() -> None:
+    async with serving(echo_app()) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: h\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n")
+        status, headers, body = await read_response(reader)
+        assert status == b"HTTP/1.1 200 OK" and headers[b"connection"] == b"close"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_an_application_error_is_a_500_and_a_late_one_cuts_the_connection() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/late":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+            await send({"type": "http.response.body", "body": b"12345", "more_body": True})
+        raise ValueError("boom")
+
+    async with serving(app) as (port, _):
+        for path, expect in ((b"/early", b"HTTP/1.1 500"), (b"/late", b"HTTP/1.1 200")):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET " + path + b" HTTP/1.1\r\nhost: h\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 5)  # ends: the connection is closed
+            assert answer.startswith(expect)
+            writer.close()
+
+
+async def test_the_app_hears_the_client_leave() -> None:
+    heard: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # the (empty) body
+        heard.set_result(await receive())  # then nothing until the client is gone
+
+    async with serving(app) as (port, _):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        assert not heard.done()
+        writer.close()
+        assert await asyncio.wait_for(heard, 5) == {"type": "http.disconnect"}
+
+
+async def test_idle_connections_are_swept_and_shutdown_closes_them() -> None:
+    async with serving(echo_app(), timeout_keep_alive=1) as (port, server):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+        await read_response(reader)
+        # Idle: closed by the sweep within keep-alive + one sweep period.
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+        await read_response(reader)
+        assert len(server.server_state.connections) == 1
+        for connection in list(server.server_state.connections):
+            connection.shutdown()  # what uvicorn's graceful shutdown does
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_header_injection_from_the_app_is_refused() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"x-bad", b"a\r\nset-cookie: evil=1")]})
+
+    async with serving(app) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 500") and b"evil" not in answer
+        writer.close()
