@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import http
 import logging
 import weakref
@@ -146,6 +147,7 @@ class Http11Protocol(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._header_bytes = 0
+        self._expect_continue = False
 
     # -- connection ---------------------------------------------------------------------
 
@@ -235,6 +237,7 @@ class Http11Protocol(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._header_bytes = 0
+        self._expect_continue = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -243,7 +246,10 @@ class Http11Protocol(asyncio.Protocol):
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES:
             raise httptools.HttpParserError("request header fields too large")
-        self._headers.append((name.lower(), value))
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_continue = True
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -267,8 +273,7 @@ class Http11Protocol(asyncio.Protocol):
             "headers": self._headers,
             "state": self.app_state.copy(),
         }
-        expect = any(name == b"expect" and value.lower() == b"100-continue" for name, value in self._headers)
-        exchange = _Exchange(scope, parser.should_keep_alive() and not self.closing, expect)
+        exchange = _Exchange(scope, parser.should_keep_alive() and not self.closing, self._expect_continue)
         self.parsing = exchange
         if self.active is None:
             self._start(exchange)
@@ -296,32 +301,27 @@ class Http11Protocol(asyncio.Protocol):
 
     def _start(self, exchange: _Exchange) -> None:
         self.active = exchange
-        task = self.loop.create_task(self._run(exchange))
+        # The application runs as the task itself, its outcome handled by a done-callback
+        # (`_ended`): a wrapper coroutine would add a frame to every resumption of the request.
+        task = self.loop.create_task(self.app(exchange.scope, self._receiver(exchange), self._sender(exchange)))
         self.state.tasks.add(task)
-        task.add_done_callback(self.state.tasks.discard)
+        task.add_done_callback(functools.partial(self._ended, exchange))
 
-    async def _run(self, exchange: _Exchange) -> None:
-        receive = self._receiver(exchange)
-        send = self._sender(exchange)
-        try:
-            await self.app(exchange.scope, receive, send)
-        except BaseException as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                log.error("Exception in ASGI application", exc_info=exc)
-            if exchange.started or exchange.gone:
-                self._close()
-            else:
-                self._answer_500(exchange)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+    def _ended(self, exchange: _Exchange, task: asyncio.Task[None]) -> None:
+        self.state.tasks.discard(task)
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            log.error("Exception in ASGI application", exc_info=failure)
+        if exchange.complete or exchange.gone:
             return
-        if not exchange.complete and not exchange.gone:
-            if exchange.started:
+        if exchange.started:
+            if failure is None and not task.cancelled():
                 log.error("ASGI callable returned without completing response.")
-                self._close()
-            else:
+            self._close()
+        else:
+            if failure is None and not task.cancelled():
                 log.error("ASGI callable returned without starting response.")
-                self._answer_500(exchange)
+            self._answer_500(exchange)
 
     def _answer_500(self, exchange: _Exchange) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -382,9 +382,8 @@ class Http11Protocol(asyncio.Protocol):
     def _head(self, exchange: _Exchange, message: dict[str, Any]) -> None:
         status = message["status"]
         parts = [_status_line(status)]
+        lines = 2  # the status line and the empty line that ends the head
         for name, value in (*self.state.default_headers, *message.get("headers", ())):
-            if b"\n" in name or b"\r" in name or b":" in name or b"\n" in value or b"\r" in value:
-                raise RuntimeError("Invalid HTTP header name or value.")
             lower = name.lower()
             if lower == b"content-length":
                 exchange.remaining = int(value)
@@ -394,14 +393,23 @@ class Http11Protocol(asyncio.Protocol):
                 exchange.keep_alive = False
                 continue
             parts += (name, b": ", value, b"\r\n")
+            lines += 1
         if exchange.remaining is None and not exchange.head_only and status >= 200 and status not in (204, 304):
             exchange.chunked = True
             parts.append(b"transfer-encoding: chunked\r\n")
+            lines += 1
         if not exchange.keep_alive or self.closing:
             exchange.keep_alive = False
             parts.append(b"connection: close\r\n")
+            lines += 1
         parts.append(b"\r\n")
-        exchange.head = b"".join(parts)
+        head = b"".join(parts)
+        # Every line of the head ends in CRLF, and no other CR or LF may occur: a header name
+        # or value carrying one would start a header (or a response) of its own. Counted once
+        # over the whole head, which is much cheaper than searching every field.
+        if head.count(b"\n") != lines or head.count(b"\r") != lines:
+            raise RuntimeError("Invalid HTTP header name or value.")
+        exchange.head = head
         exchange.started = True
         if self.access_log:
             scope = exchange.scope
