@@ -146,7 +146,9 @@ class Http11Protocol(asyncio.Protocol):
         # Per message being parsed.
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
-        self._header_bytes = 0
+        self._in_head = False
+        self._head_bytes = 0  # bytes received while the head is incomplete
+        self._chunk_bytes = 0  # the chunk being parsed
         self._expect_continue = False
 
     # -- connection ---------------------------------------------------------------------
@@ -214,8 +216,15 @@ class Http11Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.idle_since = None
+        self._chunk_bytes = len(data)
         try:
             self.parser.feed_data(data)
+            if self._in_head:
+                # The head is still incomplete after this chunk: count it against the limit
+                # here, once per chunk, rather than per header field.
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEADER_BYTES:
+                    self._refuse(431, "Request header fields too large")
         except httptools.HttpParserUpgrade:
             # No protocol to switch to (RFC 9110 §7.8: the server may ignore Upgrade): the
             # request is answered over HTTP/1.1, as uvicorn does, and the connection closed
@@ -226,7 +235,10 @@ class Http11Protocol(asyncio.Protocol):
             else:
                 self._close()
         except httptools.HttpParserError as exc:
-            self._refuse(431 if self._header_bytes > MAX_HEADER_BYTES else 400, f"Bad Request: {exc}")
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._refuse(431, "Request header fields too large")
+            else:
+                self._refuse(400, f"Bad Request: {exc}")
 
     def _refuse(self, status: int, text: str) -> None:
         if self.transport is not None and self.active is None and not self.transport.is_closing():
@@ -236,22 +248,26 @@ class Http11Protocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = []
-        self._header_bytes = 0
+        self._in_head = True
+        self._head_bytes = 0
         self._expect_continue = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value)
-        if self._header_bytes > MAX_HEADER_BYTES:
-            raise httptools.HttpParserError("request header fields too large")
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if (self._head_bytes + self._chunk_bytes > MAX_HEADER_BYTES
+                and sum(len(n) + len(v) for n, v in self._headers) > MAX_HEADER_BYTES):
+            # Measured exactly only when the bytes that carried it could hold that much.
+            self._head_bytes = MAX_HEADER_BYTES + 1
+            raise httptools.HttpParserError("request header fields too large")
         parser = self.parser
         url = httptools.parse_url(self._url)
         raw_path = url.path
