@@ -136,9 +136,7 @@ class SseFront:
 
     async def stream(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["method"] != "GET":
-            await asgi.send_json(send, 405, rpc.error_message(
-                None, rpc.INVALID_REQUEST, f"Method Not Allowed: {scope['method']}; open the stream with GET"),
-                [(b"allow", b"GET")])
+            await _method_not_allowed(send, scope["method"], "GET", "open the stream with GET")
             return
         if len(self._connections) >= self.max_connections:
             await asgi.send_json(send, 503, rpc.error_message(
@@ -200,9 +198,7 @@ class SseFront:
 
     async def message(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["method"] != "POST":
-            await asgi.send_json(send, 405, rpc.error_message(
-                None, rpc.INVALID_REQUEST, f"Method Not Allowed: {scope['method']}; POST messages here"),
-                [(b"allow", b"POST")])
+            await _method_not_allowed(send, scope["method"], "POST", "POST messages here")
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         connection = self._connections.get((query.get("session_id") or [""])[0])
@@ -267,6 +263,11 @@ class SseFront:
         session = self.server.sessions.get(session_id, connection.principal_key)
         if session is not None:
             await self.server.sessions.end(session)
+
+
+async def _method_not_allowed(send: asgi.Send, method: str, allowed: str, hint: str) -> None:
+    await asgi.send_json(send, 405, rpc.error_message(None, rpc.INVALID_REQUEST, f"Method Not Allowed: {method}; {hint}"),
+                         [(b"allow", allowed.encode())])
 
 
 def _principal_key(scope: asgi.Scope) -> str:
