@@ -143,6 +143,8 @@ class Http11Protocol(asyncio.Protocol):
         self.reading_paused = False
         self.write_paused = False
         self.drained: asyncio.Future[None] | None = None
+        self._defaults_source: Any = None
+        self._defaults: tuple[bytes, int] = (b"", 0)
         # Per message being parsed.
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -395,11 +397,21 @@ class Http11Protocol(asyncio.Protocol):
 
         return send
 
+    def _default_headers(self) -> tuple[bytes, int]:
+        """uvicorn's default headers (`Date`, and `Server` when enabled) rendered once: its
+        main loop replaces the list every second, so the rendering is redone only then."""
+        current = self.state.default_headers
+        if current is not self._defaults_source:
+            self._defaults_source = current
+            self._defaults = (b"".join(b"%s: %s\r\n" % (name, value) for name, value in current), len(current))
+        return self._defaults
+
     def _head(self, exchange: _Exchange, message: dict[str, Any]) -> None:
         status = message["status"]
-        parts = [_status_line(status)]
-        lines = 2  # the status line and the empty line that ends the head
-        for name, value in (*self.state.default_headers, *message.get("headers", ())):
+        defaults, default_lines = self._default_headers()
+        parts = [_status_line(status), defaults]
+        lines = 2 + default_lines  # + the status line and the empty line that ends the head
+        for name, value in message.get("headers", ()):
             lower = name.lower()
             if lower == b"content-length":
                 exchange.remaining = int(value)
