@@ -72,3 +72,17 @@ def test_routes_lists_backends_and_prefixes():
     assert any(line.startswith("weather") and "'weather__'" in line for line in lines)
     assert any(line.startswith("files") and "'fs.'" in line for line in lines)
     assert any("resources under 'weather://'" in line for line in lines)
+
+
+def test_the_http_protocol_is_the_gateways_unless_uvicorn_is_asked_for():
+    from gateway.cli import uvicorn_config
+    from gateway.http11 import Http11Protocol
+    from gateway.settings import load_settings
+
+    async def app(scope, receive, send):  # pragma: no cover - never called
+        pass
+
+    assert uvicorn_config(app, load_settings(None)).http is Http11Protocol
+    fallback = uvicorn_config(app, load_settings(None, server={"http": "uvicorn"}))
+    assert fallback.http == "httptools"
+    assert uvicorn_config(app, load_settings(None), log_level="warning").log_level == "warning"
