@@ -200,6 +200,10 @@ async def test_idle_connections_are_swept_and_shutdown_closes_them() -> None:
         # Idle: closed by the sweep within keep-alive + one sweep period.
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
+        # A connection that never sends a request expires the same way.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
         await read_response(reader)
