@@ -35,7 +35,14 @@ from gateway.legacy_clients import translate
 from gateway.legacy_clients.calls import LegacyCallRunner
 from gateway.legacy_clients.notifications import SessionNotifications
 from gateway.legacy_clients.sse_front import OLD_TRANSPORT
-from gateway.legacy_clients.sessions import EventLog, LegacySession, Message, SessionStore, parse_event_id
+from gateway.legacy_clients.sessions import (
+    EventLog,
+    LegacySession,
+    Message,
+    SessionStore,
+    parse_event_id,
+    principal_key,
+)
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta, sse
@@ -145,7 +152,7 @@ class LegacyClients:
                 ),
             )
             return
-        session = self.sessions.get(session_id, _principal_key(scope))
+        session = self.sessions.get(session_id, principal_key(scope))
         if session is None:
             await _send_session_not_found(send, _request_id(msg))
             return
@@ -184,7 +191,7 @@ class LegacyClients:
                     _ALLOW,
                 )
             return
-        session = self.sessions.get(session_id, _principal_key(scope))
+        session = self.sessions.get(session_id, principal_key(scope))
         if session is None:
             await _send_session_not_found(send, None)
             return
@@ -254,7 +261,7 @@ class LegacyClients:
             return
         client_info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else None
         session = await self.sessions.create(
-            _principal_key(scope), version, params.get("capabilities") or {}, client_info
+            principal_key(scope), version, params.get("capabilities") or {}, client_info
         )
         session.principal = scope.get("auth")
         session.server_capabilities = translate.legacy_capabilities(
@@ -471,10 +478,6 @@ class LegacyClients:
 
 # -- helpers -----------------------------------------------------------------------------------
 
-
-def _principal_key(scope: asgi.Scope) -> str:
-    principal = scope.get("auth")
-    return getattr(principal, "key", "") if principal is not None else ""
 
 
 def _request_id(msg: Any) -> rpc.RequestId | None:

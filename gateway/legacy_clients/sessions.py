@@ -114,6 +114,12 @@ class EventLog:
             self.readers -= 1
 
 
+def principal_key(scope: Any) -> str:
+    """The key a session is bound to: the request's principal (`scope["auth"]`), "" without one."""
+    principal = scope.get("auth")
+    return getattr(principal, "key", "") if principal is not None else ""
+
+
 def parse_event_id(value: str) -> tuple[str, int] | None:
     stream, sep, seq = value.rpartition(":")
     if not sep or not stream or not seq.isdigit():

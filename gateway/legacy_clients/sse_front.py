@@ -30,6 +30,7 @@ import orjson
 
 from gateway import asgi
 from gateway.protocol import jsonrpc as rpc
+from gateway.legacy_clients.sessions import principal_key
 from gateway.protocol import sse
 
 if TYPE_CHECKING:
@@ -53,18 +54,18 @@ OLD_TRANSPORT = "mcp_gateway.http_sse"
 class _Connection:
     """One client's GET stream: the queue of what to write on it, and its gateway session."""
 
-    def __init__(self, connection_id: str, principal_key: str, scope: asgi.Scope) -> None:
+    def __init__(self, connection_id: str, principal: str, scope: asgi.Scope) -> None:
         self.id = connection_id
-        self.principal_key = principal_key
+        self.principal_key = principal
         self.auth = scope.get("auth")
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_LIMIT)
         self.closed = asyncio.Event()
         self.session_id: str | None = None  # the gateway session, once initialize succeeded
         self.tasks: set[asyncio.Task[Any]] = set()
 
-    def push(self, message: Any) -> None:
+    def push(self, event: bytes) -> None:
         try:
-            self.outbox.put_nowait(b"event: message\ndata: " + orjson.dumps(message) + b"\n\n")
+            self.outbox.put_nowait(event)
         except asyncio.QueueFull:
             log.warning("legacy SSE client %s: %d messages unread; closing its stream", self.id[:8], _QUEUE_LIMIT)
             self.closed.set()
@@ -104,13 +105,14 @@ class _Relay:
             return
         chunk = message.get("body", b"")
         if self._decoder is not None:
+            # The server's own events, already encoded JSON: relayed as they are.
             for event, data in self._decoder.feed(chunk):
                 if event == "message" and data:  # priming events carry no data
-                    self.connection.push(orjson.loads(data))
+                    self.connection.push(b"event: message\ndata: " + data.encode() + b"\n\n")
             return
         self._body += chunk
         if not message.get("more_body") and self._body:
-            self.connection.push(orjson.loads(bytes(self._body)))
+            self.connection.push(b"event: message\ndata: " + bytes(self._body) + b"\n\n")
 
 
 class SseFront:
@@ -143,7 +145,7 @@ class SseFront:
                 None, rpc.INVALID_REQUEST, f"too many HTTP+SSE clients ({self.max_connections}, "
                                            "server.legacy_max_sessions)"))
             return
-        connection = _Connection(secrets.token_urlsafe(24), _principal_key(scope), scope)
+        connection = _Connection(secrets.token_urlsafe(24), principal_key(scope), scope)
         self._connections[connection.id] = connection
         log.info("legacy SSE client connected (%d live)", len(self._connections))
         try:
@@ -202,7 +204,7 @@ class SseFront:
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         connection = self._connections.get((query.get("session_id") or [""])[0])
-        if connection is None or connection.principal_key != _principal_key(scope):
+        if connection is None or connection.principal_key != principal_key(scope):
             # Another principal's stream is as unknown as a closed one (no existence oracle).
             await asgi.send_json(send, 404, rpc.error_message(
                 None, rpc.INVALID_REQUEST, "Unknown session_id: open a stream with GET "
@@ -269,7 +271,3 @@ async def _method_not_allowed(send: asgi.Send, method: str, allowed: str, hint: 
     await asgi.send_json(send, 405, rpc.error_message(None, rpc.INVALID_REQUEST, f"Method Not Allowed: {method}; {hint}"),
                          [(b"allow", allowed.encode())])
 
-
-def _principal_key(scope: asgi.Scope) -> str:
-    principal = scope.get("auth")
-    return getattr(principal, "key", "") if principal is not None else ""
