@@ -43,7 +43,8 @@ _MAX_RESUMES = 3
 _STREAM_END_SECONDS = 1.0
 # A stream that broke: aiohttp's errors (GET streams) and http1's (POSTs).
 _BROKEN = (aiohttp.ClientError, http1.UpstreamConnectionError)
-_READ_ERRORS = (asyncio.TimeoutError, *_BROKEN)
+# Reading either client's response failed (HTTP+SSE, sse.py, reads the same two clients).
+READ_ERRORS = (asyncio.TimeoutError, *_BROKEN)
 # Either client's response: same attributes and methods (http1.py says which).
 Response = UpstreamResponse | http1.UpstreamResponse
 # Reconnecting (L-TR §Resumability): the server's `retry:` is honoured up to this bound, so a
@@ -150,7 +151,7 @@ class HttpSession(LegacySession):
         response = await self._post(message)
         try:
             body = await response.read()  # usually 202 and empty: the connection goes back to the pool
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             raise rpc.backend_unavailable(self.backend, describe(exc)) from None
         if response.status >= 400:
             raise rpc.backend_protocol_error(
@@ -174,7 +175,7 @@ class HttpSession(LegacySession):
             response = await self.client.request("DELETE", self.url, self._headers(),
                                                  read_timeout=self.connect_timeout)
             await response.read()
-        except (rpc.McpError, *_READ_ERRORS) as exc:
+        except (rpc.McpError, *READ_ERRORS) as exc:
             log.debug("backend %s: DELETE of session failed: %s", self.backend, exc)
 
     # -- reading ----------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class HttpSession(LegacySession):
             return
         try:
             body = await response.read()
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             exchange.fail(rpc.backend_unavailable(self.backend, describe(exc)))
             return
         status = response.status
@@ -293,7 +294,7 @@ class HttpSession(LegacySession):
                 async for event, data in response.events(decoder):
                     if data and event == "message":
                         self._deliver(data, None)
-            except _READ_ERRORS as exc:
+            except READ_ERRORS as exc:
                 log.info("backend %s: GET stream dropped: %s", self.backend, describe(exc))
             finally:
                 response.close()

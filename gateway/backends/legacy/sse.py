@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
 import orjson
 
 from gateway.backends import http1
 from gateway.backends.legacy.backend import LegacyBackend
+from gateway.backends.legacy.http import READ_ERRORS
 from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import jsonrpc as rpc
@@ -37,7 +37,6 @@ from gateway.settings import BackendSettings, GatewaySettings
 
 log = logging.getLogger("gateway.backends.legacy.sse")
 
-_READ_ERRORS = (asyncio.TimeoutError, aiohttp.ClientError, http1.UpstreamConnectionError)
 
 
 def endpoint_uri(stream_url: str, data: str) -> str:
@@ -56,7 +55,7 @@ async def opens_sse_session(client: UpstreamClient, url: str, headers: dict[str,
     try:
         response = await client.request_raw("GET", url, {**headers, "accept": "text/event-stream"},
                                             read_timeout=wait)
-    except (*_READ_ERRORS, rpc.McpError):
+    except (*READ_ERRORS, rpc.McpError):
         return False
     try:
         if response.status != 200 or response.content_type != "text/event-stream":
@@ -64,7 +63,7 @@ async def opens_sse_session(client: UpstreamClient, url: str, headers: dict[str,
         async with asyncio.timeout(wait):
             async for event, data in response.events(sse.Decoder()):
                 return event == "endpoint" and bool(data.strip())
-    except _READ_ERRORS:
+    except READ_ERRORS:
         return False
     finally:
         response.close()
@@ -148,7 +147,7 @@ class SseSession(LegacySession):
                             return
                 elif event == "message" and data:
                     self._deliver(data)
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             reason = f"the SSE stream broke: {describe(exc)}"
         finally:
             response.close()
@@ -174,7 +173,7 @@ class SseSession(LegacySession):
             response = await self.posts.post(self.endpoint, orjson.dumps(message), headers,
                                              read_timeout=self.connect_timeout)
             body = await response.read()
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             raise rpc.backend_unavailable(self.backend, describe(exc)) from None
         status = response.status
         if status == 404:
