@@ -68,7 +68,13 @@ class _Connection:
             self.outbox.put_nowait(event)
         except asyncio.QueueFull:
             log.warning("legacy SSE client %s: %d messages unread; closing its stream", self.id[:8], _QUEUE_LIMIT)
-            self.closed.set()
+            self.close()
+
+    def close(self) -> None:
+        """End the stream: the writer stops after what it holds (at once, if the queue is full)."""
+        self.closed.set()
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(None)
 
     def spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -130,9 +136,7 @@ class SseFront:
         """Server shutdown: end every stream now (their sessions end with them), so that the
         graceful drain is not held by connections that never finish on their own."""
         for connection in self._connections.values():
-            with contextlib.suppress(asyncio.QueueFull):
-                connection.outbox.put_nowait(None)
-            connection.closed.set()
+            connection.close()
 
     # -- GET: the stream ------------------------------------------------------------------
 
@@ -166,18 +170,13 @@ class SseFront:
                 pass  # the GET's (empty) body
 
         gone = asyncio.ensure_future(disconnect())
+        gone.add_done_callback(lambda _task: connection.close())
         try:
             while not connection.closed.is_set():
-                nxt = asyncio.ensure_future(connection.outbox.get())
-                done, _ = await asyncio.wait({nxt, gone}, timeout=self.keepalive_seconds,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
-                    if gone in done:
-                        return
-                    await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
-                    continue
-                chunk = nxt.result()
+                try:
+                    chunk = await asyncio.wait_for(connection.outbox.get(), self.keepalive_seconds)
+                except TimeoutError:
+                    chunk = b": keepalive\n\n"
                 if chunk is None:
                     return
                 try:

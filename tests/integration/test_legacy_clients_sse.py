@@ -194,3 +194,13 @@ async def test_off_when_legacy_clients_are_off(conformance_backend) -> None:
               "server": {"legacy_clients": False}}
     async with running_gateway(config) as gw, httpx.AsyncClient(timeout=10) as http:
         assert (await http.get(sse_url(gw), headers={"accept": "text/event-stream"})).status_code == 404
+
+
+async def test_a_quiet_stream_gets_keepalive_comments(conformance_backend) -> None:
+    config = {"backends": [{"name": "conf", "url": conformance_backend.url, "era": "modern"}],
+              "server": {"keepalive_seconds": 0.2}}
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=10) as http:
+        async with http.stream("GET", sse_url(gw), headers={"accept": "text/event-stream"}) as stream:
+            lines = stream.aiter_lines()
+            seen = [await asyncio.wait_for(anext(lines), 5) for _ in range(4)]
+    assert seen[0] == "event: endpoint" and ": keepalive" in seen
