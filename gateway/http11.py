@@ -41,6 +41,8 @@ from urllib.parse import unquote
 
 import httptools
 
+from gateway import write_batch
+
 log = logging.getLogger("uvicorn.error")
 access_log = logging.getLogger("uvicorn.access")
 
@@ -134,6 +136,7 @@ class Http11Protocol(asyncio.Protocol):
         if sweeper is None:
             sweeper = _sweepers[server_state] = _Sweeper(self.loop, server_state.connections)
         self.sweeper = sweeper
+        self.batch = write_batch.for_loop(self.loop)
         self.transport: asyncio.Transport | None = None
         self.server: tuple[str, int] | None = None
         self.client: tuple[str, int] | None = None
@@ -193,6 +196,7 @@ class Http11Protocol(asyncio.Protocol):
     def _close(self) -> None:
         self.closing = True
         if self.transport is not None and not self.transport.is_closing():
+            self.batch.flush(self.transport)
             self.transport.close()
 
     def pause_writing(self) -> None:
@@ -247,7 +251,7 @@ class Http11Protocol(asyncio.Protocol):
 
     def _refuse(self, status: int, text: str) -> None:
         if self.transport is not None and self.active is None and not self.transport.is_closing():
-            self.transport.write(_refusal(status, text))
+            self.batch.write(self.transport, _refusal(status, text))
         self._close()
 
     def on_message_begin(self) -> None:
@@ -346,7 +350,7 @@ class Http11Protocol(asyncio.Protocol):
 
     def _answer_500(self, exchange: _Exchange) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(_refusal(500, "Internal Server Error"))
+            self.batch.write(self.transport, _refusal(500, "Internal Server Error"))
         exchange.complete = True
         self._close()
 
@@ -355,7 +359,7 @@ class Http11Protocol(asyncio.Protocol):
             if exchange.expect_continue and not exchange.body and not exchange.body_done:
                 exchange.expect_continue = False
                 if self.transport is not None and not exchange.started:
-                    self.transport.write(_CONTINUE)
+                    self.batch.write(self.transport, _CONTINUE)
             while True:
                 if exchange.gone or exchange.complete:
                     return _DISCONNECT
@@ -468,7 +472,7 @@ class Http11Protocol(asyncio.Protocol):
                 raise RuntimeError("Response content longer than Content-Length")
             out.append(body)
         if out and self.transport is not None:
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self.batch.write(self.transport, out[0] if len(out) == 1 else b"".join(out))
         if more:
             return
         exchange.complete = True

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway import write_batch
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -50,6 +51,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.batch = write_batch.for_loop(loop)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.open = False
@@ -454,7 +456,9 @@ class Http1Client:
         connection.response = response
         try:
             assert connection.transport is not None
-            connection.transport.write(request)
+            # Held to the end of the loop pass with the pass's other requests: one wakeup of
+            # the backend for all of them (write_batch.py).
+            connection.batch.write(connection.transport, request)
             while not response.headers_received:
                 await response._wait()
         except TimeoutError:

@@ -1,0 +1,127 @@
+"""WriteBatch on real sockets: writes held to the end of the loop pass, in order, flushed at
+once when large or before a close, dropped when the transport closed first. Run on asyncio's
+loop and on uvloop (the server's), whose pass boundaries are what the batching relies on."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+import uvloop
+
+from gateway import write_batch
+from gateway.write_batch import FLUSH_BYTES, WriteBatch
+
+
+async def _pair(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Transport, socket.socket]:
+    """A transport on one end of a connected socket pair, and the raw peer socket."""
+    ours, peer = socket.socketpair()
+    peer.setblocking(False)
+    transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
+    return transport, peer
+
+
+def _read_now(peer: socket.socket) -> bytes:
+    """What the peer can read without waiting."""
+    out = b""
+    while True:
+        try:
+            chunk = peer.recv(1 << 20)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out + b"<EOF>"
+        out += chunk
+
+
+async def _next_passes(n: int = 2) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def _on_each_loop(scenario):
+    """Run `scenario(loop)` once on asyncio's loop and once on uvloop's."""
+    @pytest.mark.parametrize("factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+    def test(factory):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(scenario(runner.get_loop()))
+    test.__name__ = scenario.__name__
+    return test
+
+
+@_on_each_loop
+async def test_writes_are_held_until_the_pass_ends_then_sent_in_order(loop):
+    batch = WriteBatch(loop)
+    first, first_peer = await _pair(loop)
+    second, second_peer = await _pair(loop)
+    batch.write(first, b"one ")
+    batch.write(second, b"alpha ")
+    batch.write(first, b"two")
+    assert batch.holds(first) == 7 and batch.holds(second) == 6
+    await _next_passes()
+    assert _read_now(first_peer) == b"one two"
+    assert _read_now(second_peer) == b"alpha "
+    assert batch.holds(first) == 0
+
+
+@_on_each_loop
+async def test_nothing_reaches_the_peer_before_the_pass_ends(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    batch.write(transport, b"held")
+    # Still inside the writing callback: the socket has not been written.
+    assert _read_now(peer) == b""
+    await _next_passes()
+    assert _read_now(peer) == b"held"
+
+
+@_on_each_loop
+async def test_a_large_write_goes_out_at_once_with_what_was_held_before_it(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    big = b"x" * FLUSH_BYTES
+    batch.write(transport, b"head|")
+    batch.write(transport, big)
+    assert batch.holds(transport) == 0
+    received = b""
+    for _ in range(50):
+        received += _read_now(peer)
+        if len(received) >= len(big) + 5:
+            break
+        await asyncio.sleep(0.01)
+    assert received == b"head|" + big
+
+
+@_on_each_loop
+async def test_flush_before_close_delivers_everything_then_eof(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    batch.write(transport, b"last words")
+    batch.flush(transport)
+    transport.close()
+    await _next_passes()
+    assert _read_now(peer) == b"last words<EOF>"
+
+
+@_on_each_loop
+async def test_bytes_held_for_a_transport_closed_in_the_same_pass_are_dropped(loop):
+    batch = WriteBatch(loop)
+    closed, closed_peer = await _pair(loop)
+    open_, open_peer = await _pair(loop)
+    batch.write(closed, b"never sent")
+    batch.write(open_, b"sent")
+    closed.close()  # without flushing: the close wins, the other transport is unaffected
+    await _next_passes()
+    assert _read_now(closed_peer) == b"<EOF>"
+    assert _read_now(open_peer) == b"sent"
+
+
+@_on_each_loop
+async def test_one_batch_per_loop(loop):
+    assert write_batch.for_loop(loop) is write_batch.for_loop(loop)
+    other = asyncio.new_event_loop()
+    try:
+        assert write_batch.for_loop(other) is not write_batch.for_loop(loop)
+    finally:
+        other.close()
