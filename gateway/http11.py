@@ -10,7 +10,9 @@ use (WebSocket upgrades, the `--limit-concurrency` switch, proxy headers). What 
 differently, and why:
 
 - One write per answer when the body comes with it: the head is held until the first body
-  chunk (or the end of the response), instead of a `send()` of its own.
+  chunk (or the end of the response), instead of a `send()` of its own. Writes go through
+  the loop's `WriteBatch` (write_batch.py): sent when the loop pass ends, together with the
+  other connections' answers of that pass, so one wake-up of the client serves them all.
 - Keep-alive without a timer per response: an idle connection notes when it became idle, and
   one sweep per second closes those idle longer than `timeout_keep_alive`. A connection that
   never sends a request counts as idle from the start (uvicorn's stays open).
