@@ -21,8 +21,11 @@ without yielding; anything that closes a transport or writes to it directly firs
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from typing import Any
+
+log = logging.getLogger("gateway.write_batch")
 
 # Held bytes above which a transport is written at once, as if unbatched.
 FLUSH_BYTES = 64 * 1024
@@ -69,7 +72,13 @@ class WriteBatch:
 def _send(transport: Any, held: list[Any]) -> None:
     if transport.is_closing():
         return  # closed before the pass ended: as a write to a closed transport, dropped
-    transport.write(held[1] if len(held) == 2 else b"".join(held[1:]))
+    try:
+        transport.write(held[1] if len(held) == 2 else b"".join(held[1:]))
+    except Exception:
+        # One transport that refuses (written after its write_eof(), say) must not cost the
+        # others of the pass their bytes; as a direct write would have, it ends its connection.
+        log.exception("write to %r failed; closing it", transport)
+        transport.abort()
 
 
 _batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch] = weakref.WeakKeyDictionary()

@@ -125,3 +125,17 @@ async def test_one_batch_per_loop(loop):
         assert write_batch.for_loop(other) is not write_batch.for_loop(loop)
     finally:
         other.close()
+
+
+@_on_each_loop
+async def test_a_transport_that_refuses_its_write_costs_the_others_nothing(loop):
+    batch = WriteBatch(loop)
+    refusing, refusing_peer = await _pair(loop)
+    healthy, healthy_peer = await _pair(loop)
+    refusing.write_eof()  # a later write() raises on both loops
+    batch.write(refusing, b"too late")
+    batch.write(healthy, b"fine")
+    await _next_passes()
+    assert _read_now(healthy_peer) == b"fine"
+    assert refusing.is_closing()  # aborted rather than left half-open with its bytes lost
+    assert _read_now(refusing_peer) == b"<EOF>"
