@@ -225,3 +225,39 @@ async def test_header_injection_from_the_app_is_refused() -> None:
         answer = await asyncio.wait_for(reader.read(), 5)
         assert answer.startswith(b"HTTP/1.1 500") and b"evil" not in answer
         writer.close()
+
+
+async def test_a_large_answer_reaches_a_slow_reader_whole_while_others_are_answered() -> None:
+    """Writes leave through the loop's WriteBatch: a big streamed answer goes out as it grows
+    (write_batch.FLUSH_BYTES) under the transport's back-pressure, and a slow reader of it
+    delays nobody else's answers."""
+    piece = bytes(range(256)) * 256  # 64 KiB
+    pieces = 128  # 8 MiB: far beyond the socket buffers, so the transport must pause
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        if scope["path"] == "/big":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(len(piece) * pieces).encode())]})
+            for _ in range(pieces):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    async with serving(app) as (port, _):
+        big_reader, big_writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+        big_writer.write(b"GET /big HTTP/1.1\r\nhost: h\r\n\r\n")
+        await big_writer.drain()
+        await asyncio.sleep(0.2)  # not reading: the server's buffers fill and it pauses
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(3):
+            writer.write(b"GET /small HTTP/1.1\r\nhost: h\r\n\r\n")
+            status, _, body = await read_response(reader)
+            assert (status, body) == (b"HTTP/1.1 200 OK", b"ok")
+        status, headers, body = await asyncio.wait_for(read_response(big_reader), 30)
+        assert status == b"HTTP/1.1 200 OK" and len(body) == len(piece) * pieces
+        assert body == piece * pieces
+        writer.close()
+        big_writer.close()
