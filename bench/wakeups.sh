@@ -13,8 +13,9 @@ set -euo pipefail
 MODE=${1:-call}
 TARGET=${2:-gateway}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-[ -x "$PY" ] || PY=/work/.venv/bin/python
+# The project's virtualenv (scripts/test.sh makes it), or $PYTHON.
+PY=${PYTHON:-${MCPGW_VENV:-$ROOT/.venv}/bin/python}
+[ -x "$PY" ] || { echo "no Python at $PY: run scripts/test.sh once, or set PYTHON" >&2; exit 2; }
 WORK=$(mktemp -d /tmp/mcp-wakeups-XXXXXX)
 free_port() { "$PY" -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 BP=$(free_port); GP=$(free_port)
