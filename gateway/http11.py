@@ -474,7 +474,14 @@ class Http11Protocol(asyncio.Protocol):
                 raise RuntimeError("Response content longer than Content-Length")
             out.append(body)
         if out and self.transport is not None:
-            self.batch.write(self.transport, out[0] if len(out) == 1 else b"".join(out))
+            data = out[0] if len(out) == 1 else b"".join(out)
+            if len(self.state.tasks) == 1:
+                # The only request being answered: no other answer can share the client's
+                # wakeup, so the bytes leave now and the rest of the pass (the request's own
+                # bookkeeping) runs while the client reads them.
+                self.batch.write_now(self.transport, data)
+            else:
+                self.batch.write(self.transport, data)
         if more:
             return
         exchange.complete = True

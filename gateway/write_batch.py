@@ -52,6 +52,16 @@ class WriteBatch:
         if held[0] >= FLUSH_BYTES:
             self.flush(transport)
 
+    def write_now(self, transport: Any, data: bytes) -> None:
+        """Write `data` at once, behind whatever `transport` holds: for a writer that knows no
+        other write of this pass could share the wakeup (http11.py: the only request being
+        answered), so that its peer need not wait for the rest of the pass."""
+        held = self._held.pop(transport, None)
+        if held is None:
+            held = [0]
+        held.append(data)
+        _send(transport, held)
+
     def flush(self, transport: Any) -> None:
         """Send what `transport` holds now (before a direct write to it, or its close)."""
         held = self._held.pop(transport, None)

@@ -167,6 +167,13 @@ class UpstreamResponse:
                 headers[key] = value.decode("latin-1")
         self.content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         self.headers_received = True
+        if headers.get("content-length", "0") != "0":
+            # A body of known length follows, and its first bytes wake the caller: waking it
+            # for the head as well costs a loop pass and, on a shared CPU, a switch away from
+            # the backend in the middle of its answer (uvicorn writes the head at
+            # http.response.start and the body in a second segment; bench/README.md "Sixth
+            # round"). A stream without a length (chunked SSE) still wakes at its head.
+            return
         self._wake()
 
     def _feed(self, chunk: bytes) -> None:
@@ -419,7 +426,8 @@ class Http1Client:
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
                    request_id: rpc.RequestId | None = None) -> UpstreamResponse:
-        """Send the request and return once the response headers are in. Raises McpError
+        """Send the request and return once the response headers are in (and, when a body of
+        known length follows, its first bytes: `_headers_done` says why). Raises McpError
         (-31001 unavailable, -31002 timeout) naming the backend."""
         if self._closed:
             raise rpc.backend_unavailable(self.backend, "the client is closed", request_id)

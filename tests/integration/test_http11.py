@@ -261,3 +261,69 @@ async def test_a_large_answer_reaches_a_slow_reader_whole_while_others_are_answe
         assert body == piece * pieces
         writer.close()
         big_writer.close()
+
+
+async def test_the_only_answer_in_flight_leaves_at_once_and_one_of_several_waits_for_the_pass() -> None:
+    """An answer is held to the end of the loop pass only when another could join its batch
+    (write_batch.py): the only request being answered is written the moment it is complete,
+    so its client reads it while the rest of the request's work runs."""
+    clients: dict[str, socket.socket] = {}
+    seen_by_client: dict[str, bytes] = {}
+    busy, release = asyncio.Event(), asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        path = scope["path"]
+        if path == "/busy":
+            busy.set()
+            await release.wait()  # in flight while /second is answered
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+        await send({"type": "http.response.body", "body": b"done"})
+        # Same callback, no yield since the last send: what has the client received?
+        seen_by_client[path] = _read_now(clients[path])
+
+    def connect(port: int, path: str) -> None:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setblocking(False)
+        clients[path] = sock
+        sock.send(b"GET %s HTTP/1.1\r\nhost: h\r\n\r\n" % path.encode())
+
+    async def answered(path: str) -> bytes:
+        for _ in range(500):
+            if path in seen_by_client:
+                return seen_by_client[path]
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{path} was never answered")
+
+    async with serving(app) as (port, _):
+        connect(port, "/only")
+        assert (await answered("/only")).endswith(b"\r\n\r\ndone")
+
+        connect(port, "/busy")
+        await asyncio.wait_for(busy.wait(), 5)
+        connect(port, "/second")
+        assert await answered("/second") == b"", "written before the pass ended with another answer in flight"
+        received = b""
+        for _ in range(500):
+            received += _read_now(clients["/second"])
+            if received.endswith(b"done"):
+                break
+            await asyncio.sleep(0.01)
+        assert received.startswith(b"HTTP/1.1 200 OK") and received.endswith(b"\r\n\r\ndone")
+        release.set()
+        assert (await answered("/busy")).endswith(b"\r\n\r\ndone")  # alone again by then
+    for sock in clients.values():
+        sock.close()
+
+
+def _read_now(sock: socket.socket) -> bytes:
+    """What a non-blocking client socket can read without waiting."""
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk

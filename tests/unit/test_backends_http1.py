@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -411,3 +412,86 @@ async def test_an_idle_connection_past_its_keepalive_expiry_is_not_reused() -> N
         await client.aclose()
     # Reused after 0 s and 0.05 s, a new one after 0.3 s, reused again right after.
     assert len(connections) == 2
+
+
+async def test_a_body_of_known_length_is_waited_for_with_its_head_and_a_stream_is_not() -> None:
+    """A head that arrives alone (uvicorn writes it at http.response.start) does not wake the
+    caller when a Content-Length body follows: post() returns with the body in, one wakeup
+    instead of two. A stream without a length is handed over at its head, before any event."""
+    head_sent: asyncio.Queue[bool] = asyncio.Queue()
+    go_on = asyncio.Event()
+
+    async def head_then_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, headers, _ = await read_request(reader)
+        streamed = headers.get("mcp-method") == "subscriptions/listen"
+        if streamed:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n")
+        await writer.drain()
+        await head_sent.put(streamed)
+        await go_on.wait()
+        writer.write(sse_chunk(b"data: {}\n\n") + b"0\r\n\r\n" if streamed else b'{"ok":true}')
+        await writer.drain()
+
+    async with serve(head_then_body) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        opened = track_connections(client)
+        pending = asyncio.ensure_future(client.post(url, b"{}", {"mcp-method": "tools/call"}, read_timeout=5))
+        assert await asyncio.wait_for(head_sent.get(), 5) is False
+        await until(lambda: opened[0].response is not None and opened[0].response.headers_received)
+        await asyncio.sleep(0)  # a wakeup of the caller would have run by now
+        assert not pending.done(), "post() returned on a head whose body was still to come"
+        go_on.set()
+        response = await asyncio.wait_for(pending, 5)
+        assert response.complete  # the body came with the return: read() will not wait
+        assert await response.read() == b'{"ok":true}'
+
+        go_on.clear()
+        stream = await asyncio.wait_for(
+            client.post(url, b"{}", {"mcp-method": "subscriptions/listen"}, read_timeout=5), 5)
+        assert await asyncio.wait_for(head_sent.get(), 5) is True
+        assert stream.content_type == "text/event-stream" and not stream.complete
+        go_on.set()
+        assert [data async for _, data in stream.events(sse.Decoder())] == ["{}"]
+        stream.release()
+        await client.aclose()
+
+
+
+
+async def test_a_head_whose_body_never_follows_times_out() -> None:
+    async def head_only(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    async with serve(head_only) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        with pytest.raises(rpc.McpError) as caught:
+            await client.post(url, b"{}", {}, read_timeout=0.2)
+        assert caught.value.code == rpc.BACKEND_TIMEOUT and "'b'" in caught.value.message
+        await client.aclose()
+
+
+def track_connections(client: Http1Client) -> list[Any]:
+    """The connections `client` opens, in order (to look at a response while it is read)."""
+    opened: list[Any] = []
+    connect = client._connect
+
+    async def tracking(*args: Any) -> Any:
+        connection = await connect(*args)
+        opened.append(connection)
+        return connection
+
+    client._connect = tracking  # type: ignore[method-assign]
+    return opened
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")

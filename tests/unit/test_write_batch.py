@@ -94,6 +94,22 @@ async def test_a_large_write_goes_out_at_once_with_what_was_held_before_it(loop)
 
 
 @_on_each_loop
+async def test_write_now_sends_at_once_behind_what_was_held(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    other, other_peer = await _pair(loop)
+    batch.write(transport, b"held ")
+    batch.write(other, b"other")
+    batch.write_now(transport, b"now")
+    # Still inside the writing callback: this transport's bytes are out, in order; the
+    # other transport's wait for the end of the pass as before.
+    assert _read_now(peer) == b"held now"
+    assert batch.holds(transport) == 0 and _read_now(other_peer) == b""
+    await _next_passes()
+    assert _read_now(other_peer) == b"other" and _read_now(peer) == b""
+
+
+@_on_each_loop
 async def test_flush_before_close_delivers_everything_then_eof(loop):
     batch = WriteBatch(loop)
     transport, peer = await _pair(loop)
