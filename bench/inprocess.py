@@ -12,6 +12,7 @@ the wrk numbers mix with the ASGI server, the kernel and the backend sharing the
     python bench/inprocess.py legacy          # warm modern→legacy tools/call
     python bench/inprocess.py call --callers 1 --profile   # one at a time, cProfile of a round
     MCPGW_PROFILE_CALLERS=get_running_loop python bench/inprocess.py legacy --profile   # + who calls it
+    MCPGW_PROFILE_SORT=ncalls python bench/inprocess.py legacy --callers 1 --profile     # another pstats order
 
 Takes the bench lock (/tmp/mcp-gateway-bench.lock) like run.py, so runs never overlap.
 """
@@ -98,7 +99,7 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
         await asyncio.gather(*(caller(requests // callers) for _ in range(callers)))
         if profiler:
             profiler.disable()
-            stats = pstats.Stats(profiler).sort_stats("tottime")
+            stats = pstats.Stats(profiler).sort_stats(os.environ.get("MCPGW_PROFILE_SORT", "tottime"))
             stats.print_stats(30)
             if os.environ.get("MCPGW_PROFILE_CALLERS"):
                 stats.print_callers(os.environ["MCPGW_PROFILE_CALLERS"])

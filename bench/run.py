@@ -265,6 +265,9 @@ class Target:
     x_cache: str = ""
     # wrk connections for this target when it must not use --connections (None = use it).
     connections: int | None = None
+    # How a default gateway target was started (Context.gateway_target's arguments), so that
+    # --compare can start the same gateway from another source tree.
+    made_with: tuple | None = None
 
 
 def check_call(result: dict) -> str | None:
@@ -499,7 +502,27 @@ class Context:
         except RuntimeError as e:
             return Target(name, "", request, check, skipped=str(e).splitlines()[0][:200]
                           if str(e) else "gateway failed to start", x_cache=x_cache)
-        return Target(name, url, request, check, x_cache=x_cache)
+        return Target(name, url, request, check, x_cache=x_cache, made_with=(request, check, backends, name, x_cache, kw))
+
+    def compared(self, targets: list[Target]) -> list[Target]:
+        """`targets` plus, for every ``--compare NAME=TREE``, each default gateway target again
+        as "NAME", started from TREE (``PYTHONPATH=TREE python -P -m gateway``): two versions
+        of the code measured against the same backend process, interleaved in one run. A
+        fresh backend per run moves a -c1 ratio by several percent by itself (bench/README.md
+        "Sixth round"); within one run the difference between trees is what is left."""
+        extra: list[Target] = []
+        for spec in self.args.compare:
+            label, _, tree = spec.partition("=")
+            for t in targets:
+                if t.made_with is None or t.skipped or t.made_with[5].get("launcher"):
+                    continue
+                request, check, backends, name, x_cache, kw = t.made_with
+                variant = self.gateway_target(request, check, backends, name=f"{name}-{label}", x_cache=x_cache,
+                                              launcher=["env", f"PYTHONPATH={Path(tree).resolve()}", PY, "-P",
+                                                        "-m", "gateway"], **kw)
+                variant.connections = t.connections
+                extra.append(variant)
+        return targets + extra
 
 
 def member(i: int) -> str:
@@ -1034,7 +1057,15 @@ def main(argv=None) -> int:
     p.add_argument("--gateway-cmd", default="",
                    help="command for the gateway instead of '<python> -m gateway' (gets "
                         "'serve --config F --host H --port P' appended), e.g. 'mcp-gateway'")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=TREE",
+                   help="also measure every gateway target as started from the source tree TREE "
+                        "(a directory holding gateway/), named NAME, in the same run; repeatable. "
+                        "E.g. --compare base=/tmp/base after 'git archive HEAD gateway | tar -x -C /tmp/base'")
     a = p.parse_args(argv)
+    for spec in a.compare:
+        name, _, tree = spec.partition("=")
+        if not name or not (Path(tree) / "gateway" / "__init__.py").is_file():
+            p.error(f"--compare {spec!r}: expected NAME=TREE, TREE a directory holding gateway/")
 
     if a.list:
         for name, (fn, desc, default) in WORKLOADS.items():
@@ -1082,7 +1113,7 @@ def main(argv=None) -> int:
                         for f in made.failures:
                             log(f"  FAILED: {f}")
                         continue
-                    targets = made
+                    targets = ctx.compared(made)
                     for t in targets:
                         if not t.skipped:
                             verify(t)

@@ -15,7 +15,9 @@ The price is that a write waits for the rest of the pass that made it: the callb
 ready, and one `epoll_wait` that does not block. A write of `FLUSH_BYTES` or more goes out at
 once, which also bounds what a transport can hold here when an application writes in a loop
 without yielding; anything that closes a transport or writes to it directly first calls
-`flush(transport)`, so bytes never overtake each other.
+`flush(transport)`, so bytes never overtake each other. A writer that knows nothing else can
+share the wakeup (http11.py: the only request being answered) uses `write_now`, which sends at
+once behind what the transport holds (bench/README.md "Sixth round").
 """
 
 from __future__ import annotations
