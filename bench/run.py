@@ -1064,7 +1064,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     for spec in a.compare:
         name, _, tree = spec.partition("=")
-        if not name or not (Path(tree) / "gateway" / "__init__.py").is_file():
+        if not name or not tree or not (Path(tree) / "gateway" / "__init__.py").is_file():
             p.error(f"--compare {spec!r}: expected NAME=TREE, TREE a directory holding gateway/")
 
     if a.list:
