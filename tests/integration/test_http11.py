@@ -13,6 +13,7 @@ import pytest
 import uvicorn
 
 from gateway.http11 import MAX_HEADER_BYTES, Http11Protocol
+from tests.support.sockets import read_now
 
 App = Any
 
@@ -280,7 +281,7 @@ async def test_the_only_answer_in_flight_leaves_at_once_and_one_of_several_waits
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
         await send({"type": "http.response.body", "body": b"done"})
         # Same callback, no yield since the last send: what has the client received?
-        seen_by_client[path] = _read_now(clients[path])
+        seen_by_client[path] = read_now(clients[path])
 
     def connect(port: int, path: str) -> None:
         sock = socket.create_connection(("127.0.0.1", port))
@@ -305,7 +306,7 @@ async def test_the_only_answer_in_flight_leaves_at_once_and_one_of_several_waits
         assert await answered("/second") == b"", "written before the pass ended with another answer in flight"
         received = b""
         for _ in range(500):
-            received += _read_now(clients["/second"])
+            received += read_now(clients["/second"])
             if received.endswith(b"done"):
                 break
             await asyncio.sleep(0.01)
@@ -315,15 +316,3 @@ async def test_the_only_answer_in_flight_leaves_at_once_and_one_of_several_waits
     for sock in clients.values():
         sock.close()
 
-
-def _read_now(sock: socket.socket) -> bytes:
-    """What a non-blocking client socket can read without waiting."""
-    out = b""
-    while True:
-        try:
-            chunk = sock.recv(1 << 16)
-        except BlockingIOError:
-            return out
-        if not chunk:
-            return out
-        out += chunk

@@ -12,6 +12,7 @@ import uvloop
 
 from gateway import write_batch
 from gateway.write_batch import FLUSH_BYTES, WriteBatch
+from tests.support.sockets import read_now
 
 
 async def _pair(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Transport, socket.socket]:
@@ -20,19 +21,6 @@ async def _pair(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Transport, soc
     peer.setblocking(False)
     transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
     return transport, peer
-
-
-def _read_now(peer: socket.socket) -> bytes:
-    """What the peer can read without waiting."""
-    out = b""
-    while True:
-        try:
-            chunk = peer.recv(1 << 20)
-        except BlockingIOError:
-            return out
-        if not chunk:
-            return out + b"<EOF>"
-        out += chunk
 
 
 async def _next_passes(n: int = 2) -> None:
@@ -60,8 +48,8 @@ async def test_writes_are_held_until_the_pass_ends_then_sent_in_order(loop):
     batch.write(first, b"two")
     assert batch.holds(first) == 7 and batch.holds(second) == 6
     await _next_passes()
-    assert _read_now(first_peer) == b"one two"
-    assert _read_now(second_peer) == b"alpha "
+    assert read_now(first_peer) == b"one two"
+    assert read_now(second_peer) == b"alpha "
     assert batch.holds(first) == 0
 
 
@@ -71,9 +59,9 @@ async def test_nothing_reaches_the_peer_before_the_pass_ends(loop):
     transport, peer = await _pair(loop)
     batch.write(transport, b"held")
     # Still inside the writing callback: the socket has not been written.
-    assert _read_now(peer) == b""
+    assert read_now(peer) == b""
     await _next_passes()
-    assert _read_now(peer) == b"held"
+    assert read_now(peer) == b"held"
 
 
 @_on_each_loop
@@ -86,7 +74,7 @@ async def test_a_large_write_goes_out_at_once_with_what_was_held_before_it(loop)
     assert batch.holds(transport) == 0
     received = b""
     for _ in range(50):
-        received += _read_now(peer)
+        received += read_now(peer)
         if len(received) >= len(big) + 5:
             break
         await asyncio.sleep(0.01)
@@ -103,10 +91,10 @@ async def test_write_now_sends_at_once_behind_what_was_held(loop):
     batch.write_now(transport, b"now")
     # Still inside the writing callback: this transport's bytes are out, in order; the
     # other transport's wait for the end of the pass as before.
-    assert _read_now(peer) == b"held now"
-    assert batch.holds(transport) == 0 and _read_now(other_peer) == b""
+    assert read_now(peer) == b"held now"
+    assert batch.holds(transport) == 0 and read_now(other_peer) == b""
     await _next_passes()
-    assert _read_now(other_peer) == b"other" and _read_now(peer) == b""
+    assert read_now(other_peer) == b"other" and read_now(peer) == b""
 
 
 @_on_each_loop
@@ -117,7 +105,7 @@ async def test_flush_before_close_delivers_everything_then_eof(loop):
     batch.flush(transport)
     transport.close()
     await _next_passes()
-    assert _read_now(peer) == b"last words<EOF>"
+    assert read_now(peer) == b"last words<EOF>"
 
 
 @_on_each_loop
@@ -129,8 +117,8 @@ async def test_bytes_held_for_a_transport_closed_in_the_same_pass_are_dropped(lo
     batch.write(open_, b"sent")
     closed.close()  # without flushing: the close wins, the other transport is unaffected
     await _next_passes()
-    assert _read_now(closed_peer) == b"<EOF>"
-    assert _read_now(open_peer) == b"sent"
+    assert read_now(closed_peer) == b"<EOF>"
+    assert read_now(open_peer) == b"sent"
 
 
 @_on_each_loop
@@ -152,6 +140,6 @@ async def test_a_transport_that_refuses_its_write_costs_the_others_nothing(loop)
     batch.write(refusing, b"too late")
     batch.write(healthy, b"fine")
     await _next_passes()
-    assert _read_now(healthy_peer) == b"fine"
+    assert read_now(healthy_peer) == b"fine"
     assert refusing.is_closing()  # aborted rather than left half-open with its bytes lost
-    assert _read_now(refusing_peer) == b"<EOF>"
+    assert read_now(refusing_peer) == b"<EOF>"
