@@ -265,9 +265,9 @@ class Target:
     x_cache: str = ""
     # wrk connections for this target when it must not use --connections (None = use it).
     connections: int | None = None
-    # How a default gateway target was started (Context.gateway_target's arguments), so that
-    # --compare can start the same gateway from another source tree.
-    made_with: tuple | None = None
+    # Context.gateway_target's arguments for a gateway target, so that --compare can start the
+    # same gateway from another source tree.
+    made_with: dict | None = None
 
 
 def check_call(result: dict) -> str | None:
@@ -502,7 +502,8 @@ class Context:
         except RuntimeError as e:
             return Target(name, "", request, check, skipped=str(e).splitlines()[0][:200]
                           if str(e) else "gateway failed to start", x_cache=x_cache)
-        return Target(name, url, request, check, x_cache=x_cache, made_with=(request, check, backends, name, x_cache, kw))
+        return Target(name, url, request, check, x_cache=x_cache,
+                      made_with=dict(request=request, check=check, backends=backends, name=name, x_cache=x_cache, **kw))
 
     def compared(self, targets: list[Target]) -> list[Target]:
         """`targets` plus, for every ``--compare NAME=TREE``, each default gateway target again
@@ -513,13 +514,12 @@ class Context:
         extra: list[Target] = []
         for spec in self.args.compare:
             label, _, tree = spec.partition("=")
+            launcher = ["env", f"PYTHONPATH={Path(tree).resolve()}", PY, "-P", "-m", "gateway"]
             for t in targets:
-                if t.made_with is None or t.skipped or t.made_with[5].get("launcher"):
+                # Gateways with a launcher of their own (prefilled_gateway.py) are not the tree's.
+                if t.made_with is None or t.skipped or t.made_with.get("launcher"):
                     continue
-                request, check, backends, name, x_cache, kw = t.made_with
-                variant = self.gateway_target(request, check, backends, name=f"{name}-{label}", x_cache=x_cache,
-                                              launcher=["env", f"PYTHONPATH={Path(tree).resolve()}", PY, "-P",
-                                                        "-m", "gateway"], **kw)
+                variant = self.gateway_target(**{**t.made_with, "name": f"{t.name}-{label}", "launcher": launcher})
                 variant.connections = t.connections
                 extra.append(variant)
         return targets + extra
