@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gateway.backends import http1
 from gateway.backends.http1 import Http1Client, UpstreamConnectionError
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
@@ -495,3 +496,147 @@ async def until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the condition never held")
+
+
+# -- waking for a whole answer (`_Connection.await_answer`) -----------------------------------
+
+needs_low_water = pytest.mark.skipif(not http1._LOW_WATER_TUNABLE, reason="SO_RCVLOWAT is tuned on Linux only")
+
+
+def count_wakeups(client: Http1Client) -> list[Any]:
+    """The connections `client` opens, each with `wakeups`: its data_received calls."""
+    opened: list[Any] = []
+    connect = client._connect
+
+    async def counting(*args: Any) -> Any:
+        connection = await connect(*args)
+        connection.wakeups = 0
+        deliver = connection.data_received
+
+        def data_received(data: bytes) -> None:
+            connection.wakeups += 1
+            deliver(data)
+
+        connection.data_received = data_received
+        opened.append(connection)
+        return connection
+
+    client._connect = counting  # type: ignore[method-assign]
+    return opened
+
+
+def rpc_request(n: int) -> bytes:
+    return b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo"}}' % n
+
+
+@needs_low_water
+async def test_an_answer_written_head_first_wakes_the_client_once_when_its_origin_is_known(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn writes an answer's head and its body apart. The first answer from an origin
+    teaches the client how long its heads are; from then on the kernel holds a lone head back
+    until the body has joined it: one wakeup per answer instead of two."""
+    monkeypatch.setattr(http1, "_ANSWER_FALLBACK_SECONDS", 60.0)  # the body is held 50 ms below
+    head_sent: asyncio.Queue[None] = asyncio.Queue()
+    go_on: asyncio.Queue[None] = asyncio.Queue()
+
+    async def head_then_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            _, _, body = await read_request(reader)
+            answer = json_answer(body)
+            split = answer.index(b"\r\n\r\n") + 4
+            writer.write(answer[:split])
+            await writer.drain()
+            await head_sent.put(None)
+            await go_on.get()
+            writer.write(answer[split:])
+            await writer.drain()
+
+    async with serve(head_then_body) as (url, connections):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        opened = count_wakeups(client)
+        wakeups = []
+        for n in range(3):
+            before = opened[0].wakeups if opened else 0
+            pending = asyncio.ensure_future(client.post(url, rpc_request(n), {}, read_timeout=5, expects_answer=True))
+            await asyncio.wait_for(head_sent.get(), 5)
+            await asyncio.sleep(0.05)  # the head lies in the client's socket
+            go_on.put_nowait(None)
+            response = await asyncio.wait_for(pending, 5)
+            assert await response.read() == rpc_request(n)
+            wakeups.append(opened[0].wakeups - before)
+        await client.aclose()
+    assert len(connections) == 1
+    assert wakeups == [2, 1, 1]
+    assert opened[0].low_water > 1
+
+
+@needs_low_water
+async def test_an_answer_shorter_than_the_mark_comes_late_once_and_the_origin_loses_its_mark(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="gateway.backends.http1")
+    answers = [json_answer(b'{"jsonrpc":"2.0","id":0,"result":{"padding":"................"}}'),
+               b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",  # shorter than any head before it
+               json_answer(b'{"jsonrpc":"2.0","id":2,"result":{}}')]
+
+    async def answer_in_turn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            await read_request(reader)
+            writer.write(answer)
+            await writer.drain()
+
+    async with serve(answer_in_turn) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        opened = count_wakeups(client)
+        statuses = []
+        for n in range(3):
+            response = await client.post(url, rpc_request(n), {}, read_timeout=5, expects_answer=True)
+            statuses.append((response.status, len(await response.read())))
+            if n == 1:
+                assert "below the wakeup mark" in caplog.text
+        (pool,) = client._pools.values()
+        await client.aclose()
+    assert [status for status, _ in statuses] == [200, 200, 200] and statuses[1][1] == 0
+    assert pool.head_floor == 0
+    assert opened[0].low_water == 1  # no mark for the third request
+
+
+@needs_low_water
+async def test_a_stream_after_the_mark_delivers_every_event_and_a_notification_never_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fallback far beyond the read timeout: only the mark's own rules can deliver in time.
+    monkeypatch.setattr(http1, "_ANSWER_FALLBACK_SECONDS", 60.0)
+    release = asyncio.Event()
+
+    async def json_then_stream_then_accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, _, body = await read_request(reader)
+        writer.write(json_answer(body))
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                     + sse_chunk(b'data: {"method":"notifications/progress"}\n\n'))
+        await writer.drain()
+        await release.wait()
+        writer.write(sse_chunk(b"data: {}\n\n"))  # a few bytes, far below the mark
+        await writer.drain()
+        await release.wait()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+
+    async with serve(json_then_stream_then_accepted) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        opened = count_wakeups(client)
+        first = await client.post(url, rpc_request(0), {}, read_timeout=2, expects_answer=True)
+        await first.read()
+        stream = await client.post(url, rpc_request(1), {}, read_timeout=2, expects_answer=True)
+        events = stream.sse_messages()
+        assert await asyncio.wait_for(events.__anext__(), 5) == {"method": "notifications/progress"}
+        assert opened[0].low_water == 1  # a stream: every byte counts from its head on
+        release.set()
+        assert await asyncio.wait_for(events.__anext__(), 5) == {}
+        await events.aclose()
+        accepted = await client.post(url, b'{"jsonrpc":"2.0","method":"notifications/initialized"}', {},
+                                     read_timeout=2)
+        assert accepted.status == 202 and await accepted.read() == b""
+        await client.aclose()
