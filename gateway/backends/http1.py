@@ -23,9 +23,7 @@ import asyncio
 import contextlib
 import collections
 import logging
-import socket
 import ssl
-import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,20 +41,6 @@ KEEPALIVE_EXPIRY_SECONDS = 4.0
 # Stop reading the socket while this much of a streamed body waits for its consumer.
 _HIGH_WATER = 256 * 1024
 
-# Waking for a whole answer, not for its head (`_Connection.await_answer`). The answer must
-# exceed the shortest head seen from the origin by this many bytes before the kernel wakes the
-# gateway: more than the few bytes by which one server's heads differ (the digits of
-# Content-Length, a status text), less than the smallest JSON-RPC answer body (36 bytes).
-_ANSWER_SLACK = 16
-# ...and after this long without a wakeup the gateway asks to be woken by any byte again. Far
-# above a quick call's time, so that the fallback's own wakeup is paid only by slow calls, for
-# which it is nothing; an answer shorter than the mark (a body-less error, which a request
-# should never get) is late by this much once, and the origin then loses its mark.
-_ANSWER_FALLBACK_SECONDS = 0.02
-# Linux only: there lowering SO_RCVLOWAT wakes a poller at once when the bytes are already in
-# (tcp_set_rcvlowat), which the fallback relies on.
-_LOW_WATER_TUNABLE = sys.platform == "linux" and hasattr(socket, "SO_RCVLOWAT")
-
 
 class UpstreamConnectionError(Exception):
     """The connection failed or closed before the response was complete."""
@@ -72,85 +56,20 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.open = False
         self.response: UpstreamResponse | None = None
-        # The socket's receive low-water mark, when it can be tuned (plain TCP on Linux).
-        self._socket: Any = None
-        self.low_water = 1
-        self._fallback: asyncio.TimerHandle | None = None
-        self._fell_back_from = 0  # the mark the fallback lowered, until the answer is in
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.open = True
-        if _LOW_WATER_TUNABLE and transport.get_extra_info("sslcontext") is None:
-            # (Under TLS the kernel counts record bytes, not the answer's: left alone.)
-            self._socket = transport.get_extra_info("socket")
 
     def data_received(self, data: bytes) -> None:
-        if self._fallback is not None:
-            self._fallback.cancel()
-            self._fallback = None
-        response = self.response
-        if response is not None:
-            response._received += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(UpstreamConnectionError("unexpected protocol upgrade"))
         except httptools.HttpParserError as exc:
             self._fail(UpstreamConnectionError(f"invalid HTTP response: {exc}"))
-        if self.low_water > 1 and (response is None or not response.complete):
-            # The rest of a longer body, or a stream's events: every byte counts from here on.
-            self._set_low_water(1)
-        elif self._fell_back_from and response is not None and response.complete:
-            if response._received < self._fell_back_from:
-                # Whole, and shorter than the mark: only the fallback woke us for it. An
-                # origin that answers so gets no more marks.
-                log.info("backend %s: an answer of %d bytes was below the wakeup mark of %d; "
-                         "waking for every byte from now on", response.backend, response._received,
-                         self._fell_back_from)
-                response._pool.head_floor = 0
-            self._fell_back_from = 0
-
-    # -- waking for a whole answer --------------------------------------------------------
-
-    def await_answer(self, head_floor: int | None) -> None:
-        """Before a request goes out: have the kernel wake the gateway only once the answer
-        can be whole, when the origin's shortest head so far (`head_floor`) is known.
-
-        A server that writes an answer's head and body separately (uvicorn does, at
-        `http.response.start` and at the body) otherwise wakes the gateway twice, and the
-        first wakeup finds nothing it can use. On a CPU the gateway shares with the server
-        (a sidecar, a small node) each wakeup preempts the server in the middle of its answer:
-        a context switch each way, and caches cooled for both (bench/README.md "Seventh
-        round"). With SO_RCVLOWAT set to the floor plus `_ANSWER_SLACK`, the head alone stays
-        below the mark and head and body arrive in one wakeup. The mark never holds an answer
-        back for long: any byte past it is the rest of the answer or a stream (lowered to one
-        byte again in `data_received`), and `_ANSWER_FALLBACK_SECONDS` without a wakeup lowers
-        it too."""
-        if self._socket is None:
-            return
-        self._fell_back_from = 0
-        wanted = 1 if not head_floor else head_floor + _ANSWER_SLACK
-        self._set_low_water(wanted)
-        if self.low_water > 1:
-            self._fallback = self._loop.call_later(_ANSWER_FALLBACK_SECONDS, self._fall_back)
-
-    def _fall_back(self) -> None:
-        self._fallback = None
-        self._fell_back_from = self.low_water
-        self._set_low_water(1)
-
-    def _set_low_water(self, value: int) -> None:
-        if value == self.low_water or self._socket is None:
-            return
-        try:
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, value)
-        except OSError:
-            self._socket = None  # closing, or a socket that refuses: woken by every byte
-            return
-        self.low_water = value
 
     def eof_received(self) -> bool | None:
         # A body delimited by the end of the connection ends here (RFC 9112 §6.3 rule 8).
@@ -162,9 +81,6 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
-        if self._fallback is not None:
-            self._fallback.cancel()
-            self._fallback = None
         response = self.response
         if response is not None and not response.complete:
             if exc is None and response.delimited_by_close:
@@ -183,9 +99,6 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.open = False
-        if self._fallback is not None:
-            self._fallback.cancel()
-            self._fallback = None
         if self.transport is not None:
             self.transport.close()
 
@@ -211,8 +124,8 @@ class _Connection(asyncio.Protocol):
 class UpstreamResponse:
     """A response whose headers are in; the body arrives behind `read()` or the stream."""
 
-    def __init__(self, connection: _Connection, client: Http1Client, pool: _Pool, read_timeout: float | None,
-                 answers_request: bool = False) -> None:
+    def __init__(self, connection: _Connection, client: Http1Client, pool: _Pool, read_timeout: float | None
+                 ) -> None:
         self._connection = connection
         self._client = client
         self._pool = pool
@@ -228,10 +141,6 @@ class UpstreamResponse:
         self._released = False
         # Set while the rest of a body is dropped on its way to the pool (`finish_soon`).
         self._draining: asyncio.TimerHandle | None = None
-        # Bytes of this answer read so far, and whether its head may teach the pool's floor
-        # (answers to JSON-RPC requests only: a notification's 202 has no body to wait for).
-        self._received = 0
-        self._answers_request = answers_request
         self.headers_received = False
         self.complete = False
         self.status = 0
@@ -279,8 +188,6 @@ class UpstreamResponse:
 
     def _finish(self) -> None:
         self.complete = True
-        if self._answers_request:
-            self._learn_head_length()
         if self._draining is not None:
             self._draining.cancel()
             self._draining = None
@@ -297,17 +204,6 @@ class UpstreamResponse:
             self.close()
             return
         self._wake()
-
-    def _learn_head_length(self) -> None:
-        # Exact for a Content-Length body: what was read less the body. (A chunked body's
-        # framing would count as head, so it teaches nothing.)
-        length = self.headers.get("content-length")
-        if length is None or not length.isdigit():
-            return
-        head = self._received - int(length)
-        floor = self._pool.head_floor
-        if head > 0 and (floor is None or 0 < head < floor):  # (0: the origin lost its mark)
-            self._pool.head_floor = head
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -465,9 +361,6 @@ class _Pool:
         self._max_idle = max_idle
         self._expiry = keepalive_expiry
         self._clock = clock
-        # The shortest head of an answer to a request seen from this origin (`await_answer`);
-        # 0 once an answer came in shorter than the mark (no more marks for this origin).
-        self.head_floor: int | None = None
 
     def get(self) -> _Connection | None:
         if not self._idle:
@@ -532,13 +425,10 @@ class Http1Client:
         return found
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
-                   request_id: rpc.RequestId | None = None, expects_answer: bool = False) -> UpstreamResponse:
+                   request_id: rpc.RequestId | None = None) -> UpstreamResponse:
         """Send the request and return once the response headers are in (and, when a body of
         known length follows, its first bytes: `_headers_done` says why). Raises McpError
-        (-31001 unavailable, -31002 timeout) naming the backend.
-
-        `expects_answer`: the body is a JSON-RPC request, so the answer has a body of its own,
-        and the gateway may sleep through its head (`_Connection.await_answer`)."""
+        (-31001 unavailable, -31002 timeout) naming the backend."""
         if self._closed:
             raise rpc.backend_unavailable(self.backend, "the client is closed", request_id)
         try:
@@ -570,9 +460,8 @@ class Http1Client:
             except BaseException:
                 self._slots.release()
                 raise
-        response = UpstreamResponse(connection, self, pool, read_timeout, expects_answer)
+        response = UpstreamResponse(connection, self, pool, read_timeout)
         connection.response = response
-        connection.await_answer(pool.head_floor if expects_answer else None)
         try:
             assert connection.transport is not None
             # Held to the end of the loop pass with the pass's other requests: one wakeup of

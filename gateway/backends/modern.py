@@ -85,8 +85,7 @@ class ModernHttpBackend(Backend):
         # A listen stream is quiet for as long as nothing changes: no read deadline.
         read_timeout = None if call.method == "subscriptions/listen" else self.settings.timeout_seconds
         response = await self._client.post(self.url, call.wire_body(), self._headers(call),
-                                           read_timeout=read_timeout, request_id=call.id,
-                                           expects_answer=call.id is not None and read_timeout is not None)
+                                           read_timeout=read_timeout, request_id=call.id)
         if response.content_type == "text/event-stream" and response.status < 400:
             reply = Reply(self.name, response.status, stream=self._events(response, call))
             reply.closers.append(response.close)

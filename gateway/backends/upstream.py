@@ -97,10 +97,9 @@ class UpstreamClient:
         return self._session
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
-                   request_id: rpc.RequestId | None = None, expects_answer: bool = False) -> UpstreamResponse:
+                   request_id: rpc.RequestId | None = None) -> UpstreamResponse:
         """Send the request and return once the response headers are in. Raises McpError
-        (-31001 unavailable, -31002 timeout) naming the backend. (`expects_answer` is
-        `Http1Client.post`'s wakeup hint; this client has no use for it.)"""
+        (-31001 unavailable, -31002 timeout) naming the backend."""
         return await self.request("POST", url, headers, body=body, read_timeout=read_timeout, request_id=request_id)
 
     async def request_raw(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,

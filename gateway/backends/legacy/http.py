@@ -120,8 +120,7 @@ class HttpSession(LegacySession):
 
     async def _post(self, message: Message, *, initialize: bool = False) -> Response:
         response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
-                                          read_timeout=self.timeout,
-                                          expects_answer="id" in message and "method" in message)
+                                          read_timeout=self.timeout)
         if response.status == 404 and self.session_id is not None and not initialize:
             response.close()
             raise SessionExpired(self.session_id)
