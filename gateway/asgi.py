@@ -91,10 +91,15 @@ async def read_body_or_refuse(receive: Receive, send: Send, limit: int) -> bytes
 
 async def read_body(receive: Receive, limit: int) -> bytes:
     """The whole request body, refusing more than `limit` bytes (chunked bodies included)."""
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")  # the usual request: all of it in one message
+        if len(body) > limit:
+            raise BodyTooLarge()
+        return body
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone()
         chunk = message.get("body", b"")
@@ -105,4 +110,5 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
+        message = await receive()
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)

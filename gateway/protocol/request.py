@@ -8,7 +8,7 @@ policies, because they need no body.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -41,7 +41,6 @@ class Call:
     rewritten: bool = False
     # Opaque identity of the caller, set by the authentication policy (None = anonymous).
     principal: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_notification(self) -> bool:
