@@ -3,7 +3,8 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
-RUN pip install --no-cache-dir --prefix=/install .
+# With the OTLP exporter: a container is where traces go to a collector.
+RUN pip install --no-cache-dir --prefix=/install ".[otlp]"
 
 FROM python:3.11-slim
 COPY --from=build /install /usr/local

@@ -309,8 +309,8 @@ class ObservabilitySettings(_Frozen):
     access_log: bool = False
     # OpenTelemetry spans per request, continued from the client's traceparent.
     tracing: bool = False
-    # console, or otlp (needs the optional opentelemetry-exporter-otlp package; configured by
-    # the standard OTEL_EXPORTER_OTLP_* environment variables).
+    # console, or otlp: OTLP/HTTP, from the `otlp` extra (`pip install "mcp-gateway[otlp]"`,
+    # in the Docker image), configured by the standard OTEL_EXPORTER_OTLP_* variables.
     tracing_exporter: Literal["console", "otlp"] = "console"
 
 

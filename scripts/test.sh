@@ -23,7 +23,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]" >&2
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test,otlp]" >&2
 
 step "redis-server"
 if ! command -v redis-server >/dev/null 2>&1; then

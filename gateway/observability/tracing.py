@@ -21,8 +21,8 @@ _tracer: trace.Tracer | None = None
 
 def configure(enabled: bool, exporter: str = "console", service_name: str = "mcp-gateway", *,
               span_exporter: SpanExporter | None = None) -> None:
-    """Make the gateway's tracer. `exporter`: console, or otlp when the
-    opentelemetry-exporter-otlp package is installed (it is optional). `span_exporter` replaces
+    """Make the gateway's tracer. `exporter`: console, or otlp (OTLP/HTTP, from the optional
+    `otlp` extra). `span_exporter` replaces
     it with an exporter object that gets each span as it ends (tests, debugging).
 
     The tracer comes from the gateway's own SDK provider, which is also installed as the
@@ -57,8 +57,8 @@ def _exporter(exporter: str) -> SpanExporter:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
-            raise RuntimeError("observability.tracing_exporter=otlp needs the package opentelemetry-exporter-otlp"
-                               ) from None
+            raise RuntimeError("observability.tracing_exporter=otlp needs the package "
+                               "opentelemetry-exporter-otlp-proto-http: pip install 'mcp-gateway[otlp]'") from None
         return OTLPSpanExporter()
     return ConsoleSpanExporter()
 

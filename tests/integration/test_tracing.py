@@ -1,20 +1,26 @@
 """OpenTelemetry through a running gateway (gateway/observability/tracing.py): one server span
 per MCP request, continued from the client's `traceparent`, and the gateway's own span sent on
 to the backend as the parent of the backend's work (digest §j). Spans are read from the SDK's
-in-memory exporter; the scripted backend records the `traceparent` it received."""
+in-memory exporter, and once from a real OTLP/HTTP receiver; the scripted backend records the
+`traceparent` it received."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import yaml
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.observability import tracing
 from tests.support import mcp_http
+from tests.support.asgi import read_body, serving
 from tests.support.gateway import running_gateway
+from tests.support.procs import gateway_process
 from tests.support.scripted import Scripted
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -84,3 +90,49 @@ def test_tracing_off_makes_no_spans_and_sends_no_context():
     assert not tracing.enabled()
     assert tracing.start_request_span("tools/call", {}) is None
     assert tracing.outgoing_headers() == {}
+
+
+async def test_spans_reach_an_otlp_collector(backend, tmp_path):
+    """`tracing_exporter: otlp` in a gateway process of its own, configured only through the
+    standard OTEL_* variables: the spans arrive at an OTLP/HTTP receiver as protobuf, with
+    the client's trace id and the gateway's service name."""
+    received: list[ExportTraceServiceRequest] = []
+    arrived = asyncio.Event()
+
+    async def collector(scope, receive, send):  # noqa: ANN001 - an OTLP/HTTP trace receiver
+        if scope["type"] != "http":
+            return
+        assert scope["path"] == "/v1/traces" and scope["method"] == "POST"
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(await read_body(receive))
+        received.append(request)
+        arrived.set()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-protobuf")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with serving(collector) as url:
+        endpoint = url.removesuffix("/mcp")
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({
+            "backends": [{"name": "traced", "url": backend.url, "prefix": ""}],
+            "observability": {"tracing": True, "tracing_exporter": "otlp"},
+        }))
+        gateway = gateway_process(config, env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}).start()
+        try:
+            async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+                response = await mcp_http.post(
+                    client, gateway.url, "tools/call", {"name": "echo", "arguments": {"text": "otlp"}},
+                    extra_headers={"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"})
+                assert response.status_code == 200, response.text
+            await asyncio.wait_for(arrived.wait(), 10)
+        finally:
+            gateway.stop()
+
+    exported = [(resource, span) for request in received for resource in request.resource_spans
+                for scoped in resource.scope_spans for span in scoped.spans]
+    [(resource, span)] = [(r, s) for r, s in exported if s.name == "mcp tools/call"]
+    assert span.trace_id.hex() == TRACE_ID and span.parent_span_id.hex() == CLIENT_SPAN
+    service = {a.key: a.value.string_value for a in resource.resource.attributes}["service.name"]
+    assert service == "mcp-gateway"
