@@ -376,3 +376,54 @@ async def test_ids_that_are_not_strings_or_integers_are_invalid_requests(setting
         assert cancel.status_code == 202
         ok = await http.post(gw.url, content=rpc("tools/list", {}, id=7), headers=hdrs(session))
         assert ok.status_code == 200
+
+
+async def test_malformed_posts_are_refused_and_the_session_survives(settings):
+    """Each refusal has the status and code the transport names (400 -32700 for a body that
+    is not JSON, 400 -32600 for one that is no single JSON-RPC 2.0 message; 2025-06-18 removed
+    batches), and none of them costs the session anything."""
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as http:
+        session = await initialize(http, gw.url)
+        refusals = {
+            b"{not json": (400, -32700),
+            b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]': (400, -32600),
+            b'{"jsonrpc":"1.0","id":1,"method":"ping"}': (400, -32600),
+            b'"ping"': (400, -32600),
+        }
+        for body, (status, code) in refusals.items():
+            response = await http.post(gw.url, content=body, headers=hdrs(session))
+            assert (response.status_code, response.json()["error"]["code"]) == (status, code), body
+        assert "batches" in (await http.post(gw.url, content=b"[]", headers=hdrs(session))).json()["error"]["message"]
+        ping = await http.post(gw.url, content=rpc("ping", id=9), headers=hdrs(session))
+        assert ping.status_code == 200 and ping.json() == {"jsonrpc": "2.0", "id": 9, "result": {}}
+
+
+async def test_malformed_initialize_and_subscribe_params(settings):
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as http:
+        no_id = await http.post(gw.url, content=rpc("initialize", {"protocolVersion": LEGACY, "capabilities": {}},
+                                                     id=None), headers={"content-type": "application/json",
+                                                                        "accept": ACCEPT})
+        assert no_id.status_code == 400 and no_id.json()["error"]["code"] == -32600
+        assert "mcp-session-id" not in no_id.headers
+        bad_caps = await http.post(gw.url, content=rpc("initialize", {"protocolVersion": LEGACY, "capabilities": []}),
+                                   headers={"content-type": "application/json", "accept": ACCEPT})
+        assert bad_caps.status_code == 400 and bad_caps.json()["error"]["code"] == -32602
+        assert '"params.capabilities" must be an object' in bad_caps.json()["error"]["message"]
+        session = await initialize(http, gw.url)
+        # Inside a session a JSON-RPC error is an answer like any other: HTTP 200.
+        no_uri = await http.post(gw.url, content=rpc("resources/subscribe", {}), headers=hdrs(session))
+        assert no_uri.status_code == 200 and no_uri.json()["error"]["code"] == -32602
+
+
+async def test_get_streams_need_event_stream_accept_and_are_one_per_session(settings):
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as http:
+        session = await initialize(http, gw.url)
+        refused = await http.get(gw.url, headers=hdrs(session, accept="application/json"))
+        assert refused.status_code == 406 and refused.json()["error"]["code"] == -32600
+        unknown = await http.get(gw.url, headers=hdrs(session, accept="text/event-stream", **{"last-event-id": "x"}))
+        assert unknown.status_code == 400 and "Last-Event-ID" in unknown.json()["error"]["message"]
+        async with http.stream("GET", gw.url, headers=hdrs(session, accept="text/event-stream")) as first:
+            assert first.status_code == 200
+            second = await http.get(gw.url, headers=hdrs(session, accept="text/event-stream"))
+            # L-TR §Multiple Connections: a message goes to one stream; a second would starve.
+            assert second.status_code == 409 and second.json()["error"]["code"] == -32600
