@@ -499,9 +499,11 @@ class Http1Client:
         except TimeoutError:
             raise rpc.backend_timeout(self.backend, self._connect_timeout, request_id) from None
         except (OSError, ssl.SSLError) as exc:
+            # SSLError is itself an OSError: tested first, or a failed handshake (an expired
+            # certificate, a plain-HTTP port) would read as a refused connection.
             raise rpc.backend_unavailable(
-                self.backend, f"cannot connect to {host}:{port}: {exc.strerror or exc}"
-                if isinstance(exc, OSError) else f"TLS to {host}:{port} failed: {exc}", request_id) from None
+                self.backend, f"TLS to {host}:{port} failed: {exc}" if isinstance(exc, ssl.SSLError)
+                else f"cannot connect to {host}:{port}: {exc.strerror or exc}", request_id) from None
         return connection
 
     async def aclose(self) -> None:

@@ -106,17 +106,21 @@ class ModernHttpBackend(Backend):
             try:
                 message = orjson.loads(body)
             except orjson.JSONDecodeError:
-                raise rpc.backend_protocol_error(self.name, "body is not valid JSON", call.id) from None
+                if status < 400:
+                    raise rpc.backend_protocol_error(self.name, "body is not valid JSON", call.id) from None
+                message = None  # an error status with an unreadable body: judged by its status below
             if isinstance(message, dict) and ("result" in message or "error" in message):
                 if status < 400:
                     return Reply(self.name, status, message=message, raw=body)
-                if status < 500 and not isinstance(message.get("error"), dict):
-                    raise self._refused(status, body, call)
-                return Reply(self.name, rpc.http_status_of(message) if status < 500 else status, message=message,
-                             raw=body)
-            if 400 <= status < 500:
-                raise self._refused(status, body, call)
-            raise rpc.backend_protocol_error(self.name, "body is not a JSON-RPC response", call.id)
+                if isinstance(message.get("error"), dict):
+                    return Reply(self.name, rpc.http_status_of(message) if status < 500 else status,
+                                 message=message, raw=body)
+            if status < 400:
+                raise rpc.backend_protocol_error(self.name, "body is not a JSON-RPC response", call.id)
+            # A 4xx/5xx whose body is not a JSON-RPC error (a proxy's or framework's own JSON such
+            # as {"error": "Internal Server Error"}, or no JSON at all) is judged by its status
+            # like any other: refused or unavailable (-31001, retried for idempotent reads), never
+            # relayed as if it were a JSON-RPC answer nor reported as -31003.
         if 400 <= status < 500:
             raise self._refused(status, body, call)
         if status >= 500:

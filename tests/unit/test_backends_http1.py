@@ -1,63 +1,22 @@
 """The lean HTTP/1.1 client (gateway/backends/http1.py) against real loopback servers.
 
-Each server is a raw asyncio server that answers with exactly the bytes a test chooses, so
-the framings the client must handle (Content-Length, chunked, streamed, cut short) are real
-socket traffic, not mocks.
+Each server is a raw asyncio server (tests/support/raw_http.py) that answers with exactly the
+bytes a test chooses, so the framings the client must handle (Content-Length, chunked,
+streamed, cut short) are real socket traffic, not mocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from gateway.backends.http1 import Http1Client, UpstreamConnectionError
+from gateway.backends.http1 import _HIGH_WATER, Http1Client, UpstreamConnectionError
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return lines[0].encode(), headers, body
-
-
-@contextlib.asynccontextmanager
-async def serve(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
-    """A loopback server; yields its URL and the list of connections it accepted."""
-    connections: list[int] = []
-
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(1)
-        try:
-            await handler(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/mcp", connections
-    finally:
-        server.close()
-
-
-def json_answer(body: bytes, *, extra: bytes = b"") -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+from tests.support.raw_http import json_answer, read_request, serve, sse_chunk
 
 
 async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -215,10 +174,6 @@ async def test_max_connections_bounds_the_connections_in_use() -> None:
         await client.aclose()
 
 
-def sse_chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 async def test_events_keep_the_last_event_id_and_finish_returns_the_connection() -> None:
     # The legacy transport reads a POST stream as events (priming event included), stops at
     # the response, then `finish` drains the rest so the connection is reused.
@@ -339,6 +294,34 @@ async def test_a_body_larger_than_the_flow_control_mark_is_read_whole() -> None:
         client = Http1Client("b", max_connections=1, connect_timeout=5)
         response = await client.post(url, b"{}", {}, read_timeout=5)
         assert await asyncio.wait_for(response.read(), 20) == big
+        await client.aclose()
+
+
+async def test_a_stream_nobody_reads_pauses_the_socket_and_loses_nothing_when_read() -> None:
+    # A relayed stream whose client reads slowly: past the flow-control mark the client stops
+    # reading the socket (the backend is held back by TCP, the gateway's memory by the mark),
+    # and reading again resumes it with every byte in order.
+    events = [b"data: %d %s\n\n" % (n, b"x" * 16 * 1024) for n in range(64)]  # ~1 MiB
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for data in events:
+            writer.write(sse_chunk(data))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # the connection stays open: its end is no reason to stop reading
+
+    async with serve(flood) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        opened = track_connections(client)
+        response = await client.post(url, b"{}", {}, read_timeout=5)
+        await until(lambda: response._buffered > _HIGH_WATER)
+        assert not opened[0].transport.is_reading()  # paused, not buffering without end
+        body = b"".join([chunk async for chunk in response.iter_chunks()])
+        assert body == b"".join(events)
+        response.release()
         await client.aclose()
 
 
