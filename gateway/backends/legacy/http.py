@@ -87,6 +87,16 @@ class NoListenStream(Exception):
     """The backend offers no GET stream (405)."""
 
 
+def _resume_failure(exc: Exception) -> str:
+    """Why a resuming GET failed, in words: the client's error must say what failed, and
+    str() of these is a bare session id (SessionExpired) or empty (NoListenStream)."""
+    if isinstance(exc, SessionExpired):
+        return "the backend no longer knows the session (HTTP 404)"
+    if isinstance(exc, NoListenStream):
+        return "the backend offers no GET stream to resume it on"
+    return exc.message if isinstance(exc, rpc.McpError) else str(exc)
+
+
 class HttpSession(LegacySession):
     def __init__(self, backend: str, capabilities: dict[str, Any], on_notification: NotificationSink, *,
                  client: UpstreamClient, url: str, headers: dict[str, str], timeout: float,
@@ -102,6 +112,7 @@ class HttpSession(LegacySession):
         self.connect_timeout = connect_timeout
         self.session_id: str | None = None
         self._readers: dict[int, asyncio.Task[None]] = {}
+        self._listening: UpstreamResponse | None = None  # the GET stream `listen_stream` holds
 
     @property
     def keeps_state(self) -> bool:
@@ -153,6 +164,11 @@ class HttpSession(LegacySession):
             body = await response.read()  # usually 202 and empty: the connection goes back to the pool
         except READ_ERRORS as exc:
             raise rpc.backend_unavailable(self.backend, describe(exc)) from None
+        if response.status >= 500:
+            # A 5xx is the backend being unavailable (README "Errors the gateway makes": -31001),
+            # as `_consume` says for a request; it used to read as an invalid answer (-31003).
+            raise rpc.backend_unavailable(
+                self.backend, f"HTTP {response.status} for {message.get('method') or 'a response'}: {body[:200]!r}")
         if response.status >= 400:
             raise rpc.backend_protocol_error(
                 self.backend, f"HTTP {response.status} for {message.get('method') or 'a response'}: {body[:200]!r}")
@@ -168,6 +184,11 @@ class HttpSession(LegacySession):
     async def _terminate(self) -> None:
         for task in list(self._readers.values()):
             task.cancel()
+        if self._listening is not None:
+            # The backend only MAY end the streams of a session it expired (L-TR §Sending Messages
+            # 6); held on, an open one kept the listen from moving to the renewed session
+            # (http_backend.py `_hold_get_stream`), whose notifications were then never heard.
+            self._listening.close()
         if self.session_id is None:
             return
         # L-TR: SHOULD DELETE when done; 405 (termination not allowed) is fine.
@@ -210,6 +231,7 @@ class HttpSession(LegacySession):
         decoder = sse.Decoder()
         for attempt in range(_MAX_RESUMES + 1):
             finished = False  # the response arrived: let the stream end and keep the connection
+            broke: str | None = None  # the connection failed (rather than the stream ending)
             try:
                 async for event, data in response.events(decoder):
                     if not data or event != "message":
@@ -222,7 +244,8 @@ class HttpSession(LegacySession):
                 exchange.fail(rpc.backend_timeout(self.backend, self.timeout))
                 return
             except _BROKEN as exc:
-                log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, describe(exc))
+                broke = describe(exc)
+                log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, broke)
             finally:
                 if finished:
                     self._finish_soon(response)
@@ -236,11 +259,19 @@ class HttpSession(LegacySession):
             try:
                 response = await self._get(decoder.last_event_id)
             except (rpc.McpError, SessionExpired, NoListenStream) as exc:
-                exchange.fail(rpc.backend_unavailable(self.backend, f"could not resume the stream: {exc}"))
+                exchange.fail(rpc.backend_unavailable(
+                    self.backend, f"could not resume the stream for {exchange.method}: {_resume_failure(exc)}"))
                 return
         if not exchange.done:
-            exchange.fail(rpc.backend_protocol_error(
-                self.backend, f"the stream for {exchange.method} ended without a response"))
+            if broke is not None:
+                # A connection reset is the backend being unavailable (README "Errors the
+                # gateway makes": -31001), as for a modern backend's broken stream; it used to
+                # be reported as an invalid answer (-31003) that "ended without a response".
+                exchange.fail(rpc.backend_unavailable(
+                    self.backend, f"the stream for {exchange.method} broke before its response: {broke}"))
+            else:
+                exchange.fail(rpc.backend_protocol_error(
+                    self.backend, f"the stream for {exchange.method} ended without a response"))
             self.forget(exchange)
 
     def _finish_soon(self, response: Response) -> None:
@@ -290,6 +321,7 @@ class HttpSession(LegacySession):
                 continue
             connected.set()
             opened = time.monotonic()
+            self._listening = response
             try:
                 async for event, data in response.events(decoder):
                     if data and event == "message":
@@ -297,5 +329,8 @@ class HttpSession(LegacySession):
             except READ_ERRORS as exc:
                 log.info("backend %s: GET stream dropped: %s", self.backend, describe(exc))
             finally:
+                self._listening = None
                 response.close()
+            if self.closed:
+                return
             await asyncio.sleep(backoff.ended(time.monotonic() - opened, decoder.retry_ms))

@@ -64,6 +64,10 @@ class LegacyHttpBackend(LegacyBackend):
                 session = await self.pool.renew(session)  # type: ignore[assignment]
                 continue
             current = self.listens.session
+            if current is session and session.closed:
+                # Closed by a renewal still under way (a request met the 404 first): wait for the
+                # new session instead of returning, which left the listeners deaf for good.
+                current = await self.pool.renew(session)
             if not isinstance(current, HttpSession) or current is session or current.closed:
                 return
             session = current

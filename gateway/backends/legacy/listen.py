@@ -159,7 +159,11 @@ class LegacyListens:
             self.backend.pool.pinned.add(session)
             if session.keeps_state:
                 self._has_channel, self._channel = await self.backend.open_channel(session)
-        return session
+        # Opening the channel may have met a session the backend forgot (GET → 404) and renewed
+        # it (`_renewed`). The stale one is closed and, its id dropped, looks stateless: a listen
+        # on it acknowledged nothing at all (the first listen after a backend restart).
+        assert self._session is not None
+        return self._session
 
     @property
     def session(self) -> LegacySession | None:

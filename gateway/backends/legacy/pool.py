@@ -110,7 +110,15 @@ class SessionPool:
         try:
             await session.open()
         except SessionExpired:
+            session.mark_expired()  # the backend does not know it: nothing to end
+            await session.close()
             raise rpc.backend_protocol_error(self.backend, "404 on initialize: not a Streamable HTTP endpoint") from None
+        except Exception:
+            # A handshake that failed after the backend minted a session id (e.g. its
+            # notifications/initialized refused) leaves a session nobody will use: end it (L-TR
+            # §Session Management: SHOULD DELETE), or every failed handshake leaks one upstream.
+            await session.close()
+            raise
         session.on_idle = self._room.set
         self._sessions[key] = session
         log.info("backend %s: legacy session opened (version %s, capabilities %s)", self.backend, session.version,
