@@ -19,12 +19,13 @@ import pytest_asyncio
 from gateway.protocol import headers as h
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
+from tests.support.procs import SPEC_EXAMPLES
 from tests.support.scripted import Scripted
 
 # One gateway for the module: every test is a request and reads back only its own traces.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-EXAMPLES = Path("/work/shared/spec/schema/draft/examples")
+EXAMPLES = SPEC_EXAMPLES
 V = mcp_http.VERSION
 
 
@@ -84,6 +85,7 @@ def _examples() -> list[Path]:
         # Client->server requests only; the listen stream belongs to the subscription hub.
         if "jsonrpc" in example and "id" in example and example["method"] != "subscriptions/listen":
             out.append(path)
+    assert out, f"the official examples are missing from {EXAMPLES}"
     return out
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_SERVERS = ROOT / "tests" / "fixtures" / "servers"
+# The specification's official example messages (draft = 2026-07-28), copied unmodified.
+SPEC_EXAMPLES = ROOT / "tests" / "fixtures" / "spec_examples"
 
 
 def free_port() -> int:

@@ -13,8 +13,9 @@ import pytest
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import check_param_headers, parse_call
+from tests.support.procs import SPEC_EXAMPLES
 
-EXAMPLES = Path("/work/shared/spec/schema/draft/examples")
+EXAMPLES = SPEC_EXAMPLES
 V = "2026-07-28"
 META = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": {}}
 
@@ -56,6 +57,7 @@ def _client_request_examples() -> list[Path]:
         example = json.loads(path.read_text())
         if "jsonrpc" in example and "id" in example:  # client->server requests, not InputRequests
             out.append(path)
+    assert out, f"the official examples are missing from {EXAMPLES}"
     return out
 
 
