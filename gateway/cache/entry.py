@@ -46,12 +46,20 @@ class Entry:
     @staticmethod
     def decode(raw: bytes) -> Entry:
         data = orjson.loads(raw)
+        body, tags = data["b"], data.get("g") or []
+        # A value that parses but is not an entry (another writer's, another version's, damaged)
+        # must read as a miss (ValueError), not be served as a null error or a 500, nor break
+        # the local layer's tag index with unhashable tags.
+        answer = body.get("result", body.get("error")) if isinstance(body, dict) else None
+        if not (isinstance(answer, dict) and isinstance(tags, list)
+                and all(isinstance(t, str) for t in tags)):
+            raise ValueError("not a cache entry")
         return Entry(
-            data["b"],
+            body,
             int(data["t"]),
             int(data["l"]),
             "public" if data["s"] == "public" else "private",
-            tuple(data.get("g") or ()),
+            tuple(tags),
         )
 
 

@@ -130,8 +130,12 @@ class RedisBus:
                  replica_id: str | None = None) -> None:
         import redis.asyncio as redis  # imported here: a gateway without Redis never needs it
 
+        from gateway.cache.redis import redacted
+
         self._redis_errors = (redis.RedisError, OSError)
         self.url = url
+        # For logs: the URL may carry the Redis password (`redis://:secret@host`).
+        self._shown_url = redacted(url)
         self.prefix = f"{prefix}:listen"
         self.channel = f"{self.prefix}:events"
         self.lease_ms = max(1, int(lease_seconds * 1000))
@@ -158,12 +162,12 @@ class RedisBus:
         # One warning per outage, not one per stream per tick.
         if not self._warned:
             log.warning("redis %s: %s failed (%s); listen streams work per replica until it is back",
-                        self.url, what, exc)
+                        self._shown_url, what, exc)
             self._warned = True
 
     def _ok(self) -> None:
         if self._warned:
-            log.info("redis %s reachable again", self.url)
+            log.info("redis %s reachable again", self._shown_url)
             self._warned = False
 
     async def start(self, handler: Handler, on_resync: Resync) -> None:
@@ -247,7 +251,13 @@ class RedisBus:
         except self._redis_errors as exc:
             self._trouble("read", exc)
             return None
-        return orjson.loads(raw) if raw else None
+        # Another version's or a damaged value reads as "no ack yet": raising here would end the
+        # follower's stream task for good (upstream.py `_run`), its clients left attached to it.
+        try:
+            ack = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            return None
+        return ack if isinstance(ack, dict) else None
 
     async def want(self, stream: str) -> None:
         _, _, want = self._keys(stream)

@@ -360,7 +360,15 @@ class SubscriptionHub:
     async def _on_resync(self) -> None:
         """The bus was unreachable for a while: events may have been lost for every stream."""
         for stream in tuple(self._streams.values()):
-            await self._invalidate_backend(stream.key.backend, sorted(stream.key.filter.uris))
+            uris = sorted(stream.key.filter.uris)
+            if stream.holding:
+                # While our subscription was down, what our upstream published reached only our
+                # own clients (bus.publish), yet Redis may have been up and other replicas
+                # following this stream, subscribed all along: no resync of theirs will tell
+                # their clients. So the gap goes on the bus, to every replica (this one too).
+                await self.bus.publish({"t": "gap", "k": stream.id, "b": stream.key.backend, "u": uris})
+                continue
+            await self._invalidate_backend(stream.key.backend, uris)
             stream.fan_out_gap()
 
     # -- lifecycle ------------------------------------------------------------------------

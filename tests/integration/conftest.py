@@ -1,5 +1,7 @@
-"""Fixtures shared by the front-door integration tests: two scripted modern backends
-(tests/fixtures/servers/scripted_modern.py), one pair per test module."""
+"""Fixtures shared by integration test modules, each started once per module: two scripted
+modern backends (tests/fixtures/servers/scripted_modern.py) for the front-door tests, the
+counting backend (counting_modern.py) for the cache tests and the mutable backend
+(mutable_modern.py) for the listen tests."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.procs import Proc, python_server
 from tests.support.scripted import Scripted
 
 
@@ -22,3 +25,21 @@ def beta() -> Iterator[Scripted]:
     server = Scripted("beta").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def counting_backend() -> Iterator[Proc]:
+    proc = python_server("counting_modern.py", name="counting-modern").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def mutable_backend() -> Iterator[Proc]:
+    proc = python_server("mutable_modern.py", name="mutable-modern").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.backends.base import Backend, internal_call
+from gateway.cache import admin
 from gateway.cache.factory import build_store
 from gateway.cache.service import StoreCache
 from gateway.policies.auth import Principal
@@ -47,9 +48,9 @@ class GatedLoader:
 
 
 @contextlib.asynccontextmanager
-async def replicas(redis_url: str) -> AsyncIterator[tuple[StoreCache, StoreCache]]:
-    settings = CacheSettings(store="redis", redis_url=redis_url, key_prefix=f"race{uuid.uuid4().hex[:8]}",
-                             local_ttl_ms=60_000)
+async def replicas(redis_url: str, **cache: Any) -> AsyncIterator[tuple[StoreCache, StoreCache]]:
+    cache = {"key_prefix": f"race{uuid.uuid4().hex[:8]}", "local_ttl_ms": 60_000, **cache}
+    settings = CacheSettings(store="redis", redis_url=redis_url, **cache)
     one, two = StoreCache(build_store(settings), settings), StoreCache(build_store(settings), settings)
     await one.start()
     await two.start()
@@ -76,3 +77,19 @@ async def test_a_fill_racing_another_replicas_invalidation_is_not_stored(redis_s
         # ...nor in the fetching replica's local layer; fills after it are shared as usual.
         answer, outcome = await one.fetch(TARGET, tools_list(), load)
         assert outcome == "hit" and answer["result"]["n"] == 2 and load.calls == 2
+
+
+async def test_a_fill_racing_a_flush_of_everything_is_not_stored(redis_server):
+    # `mcp-gateway cache flush` while a backend answer is on its way: the flush bumps the
+    # generation every tag shares, so the answer fetched before it is not stored after it.
+    async with replicas(redis_server.url) as (one, two):
+        load = GatedLoader()
+        racing = asyncio.create_task(one.fetch(TARGET, tools_list(), load))
+        while load.calls == 0:
+            await asyncio.sleep(0.001)
+        await admin.flush(one.settings)
+        load.gate.set()
+        answer, outcome = await racing
+        assert outcome == "miss" and answer["result"]["n"] == 1
+        answer, outcome = await two.fetch(TARGET, tools_list(), load)
+        assert outcome == "miss" and answer["result"]["n"] == 2

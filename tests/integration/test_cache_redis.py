@@ -11,29 +11,24 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+import zlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.cache.keys import list_tag, read_tag
 from gateway.cache.memory import MemoryStore
+from gateway.cache.redis import decode_value
 from tests.support import mcp_http
 from tests.support.gateway import RunningGateway, running_gateway
-from tests.support.procs import ROOT, Proc, python_server
+from tests.support.procs import ROOT, Proc
 
 ALICE = {"authorization": "Bearer alice-token"}
 BOB = {"authorization": "Bearer bob-token"}
-
-
-@pytest.fixture(scope="module")
-def counting_backend() -> Iterator[Proc]:
-    proc = python_server("counting_modern.py", name="counting-modern").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def settings(backend: Proc, redis_url: str, **cache: Any) -> dict[str, Any]:
@@ -313,3 +308,89 @@ async def test_cache_flush_cli_drops_a_backends_entries_everywhere(counting_back
         await until_dropped(two.runtime.cache.store.local, read_tag("counted", uri))
         result, outcome = await read(c, two, uri)
         assert outcome == "miss" and text(result).endswith("#2")
+
+
+def _entry(body: Any, tags: Any = ("x",)) -> bytes:
+    """A stored value in the store's own layout (redis.py: a format byte, then JSON)."""
+    entry = {"b": body, "t": int(time.time() * 1000), "l": 60_000, "s": "public", "g": tags}
+    return b"j" + orjson.dumps(entry)
+
+
+# What another writer, another version or a damaged disk could leave under a live key.
+FOREIGN_VALUES = {
+    "unknown format byte": b"x" + _entry({"result": {"contents": []}})[1:],
+    "not zlib": b"z" + b"\x00 not deflate data",
+    "compressed non-entry": b"z" + zlib.compress(b"[1, 2]"),
+    "truncated json": _entry({"result": {"contents": []}})[:20],
+    "json list": b"j[1, 2, 3]",
+    "missing fields": b'j{"b": {"result": {}}}',
+    "body not an object": _entry("a string"),
+    "result not an object": _entry({"result": 5}),
+    "neither result nor error": _entry({}),
+    "tags not strings": _entry({"result": {"contents": []}}, tags=[["nested"]]),
+}
+
+
+@pytest.mark.parametrize("raw", list(FOREIGN_VALUES.values()), ids=list(FOREIGN_VALUES))
+async def test_a_damaged_or_foreign_value_is_read_as_a_miss_and_replaced(counting_backend, redis_server, raw):
+    # Never an error, never a malformed answer, never the foreign value: the backend is asked
+    # and its answer takes the key over.
+    uri = fresh_uri("public")
+    config = settings(counting_backend, redis_server.url)
+    store = aioredis.from_url(redis_server.url)
+    try:
+        async with running_gateway(config) as writer, running_gateway(config) as reader, \
+                httpx.AsyncClient() as c:
+            await read(c, writer, uri)
+            [key] = [k async for k in store.scan_iter(match="mcpgw:counted:pub:*")]
+            await store.set(key, raw, px=60_000)
+            result, outcome = await read(c, reader, uri)
+            assert outcome == "miss" and text(result) == f"{uri} read #2"
+            assert result["ttlMs"] == 60_000 and result["cacheScope"] == "public"
+            # The fresh answer took the damaged value's place.
+            entry, _ = decode_value(await store.get(key))
+            assert text(entry.body["result"]) == f"{uri} read #2"
+            result, outcome = await read(c, reader, uri)
+            assert outcome == "hit" and text(result) == f"{uri} read #2"
+    finally:
+        await store.aclose()
+
+
+async def test_large_answers_are_stored_compressed_and_read_back_by_the_other_replica(counting_backend,
+                                                                                     redis_server):
+    uri = fresh_uri("public")
+    config = settings(counting_backend, redis_server.url, compress_above_bytes=64)
+    store = aioredis.from_url(redis_server.url)
+    try:
+        async with two_replicas(config) as (one, two), httpx.AsyncClient() as c:
+            first, outcome = await read(c, one, uri)
+            assert outcome == "miss"
+            [key] = [k async for k in store.scan_iter(match="mcpgw:counted:pub:*")]
+            raw = await store.get(key)
+            assert raw[:1] == b"z" and uri.encode() not in raw  # compressed, not plain JSON
+            again, outcome = await read(c, two, uri)
+            assert outcome == "hit" and again["contents"] == first["contents"]
+            assert (await counts(c, counting_backend))[f"resources/read {uri}"] == 1
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("user", ["", "default"])
+async def test_a_redis_password_never_reaches_the_logs(counting_backend, redis_server, caplog, user):
+    admin = aioredis.from_url(redis_server.url)
+    try:
+        await admin.config_set("requirepass", "the-right-one")
+    finally:
+        await admin.aclose()
+    # A wrong password: every use of Redis fails, and each failure is logged (cache and
+    # listen bus both use this URL).
+    url = f"redis://{user}:not-the-password@127.0.0.1:{redis_server.port}/0"
+    caplog.set_level(logging.INFO)
+    async with running_gateway(settings(counting_backend, url)) as gw, httpx.AsyncClient() as c:
+        result, outcome = await read(c, gw, fresh_uri("public"))
+        assert outcome == "bypass" and text(result).endswith("#1")
+    logged = [r.getMessage() for r in caplog.records]
+    shown = f"redis://{user}:***@127.0.0.1:{redis_server.port}/0"
+    assert any(m.startswith("redis cache at " + shown) for m in logged), logged
+    assert any(m.startswith("redis " + shown) for m in logged), logged  # the listen bus
+    assert not [m for m in logged if "not-the-password" in m]

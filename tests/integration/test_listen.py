@@ -23,15 +23,6 @@ UPDATED = "notifications/resources/updated"
 
 
 @pytest.fixture(scope="module")
-def mutable_backend():
-    proc = python_server("mutable_modern.py", name="mutable-modern").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
 def silent_backend():
     """Serves no subscriptions/listen, so it advertises no listChanged / subscribe."""
     proc = python_server("mutable_modern.py", "--no-listen", name="mutable-no-listen").start()
@@ -221,3 +212,15 @@ async def test_sigterm_gives_every_stream_the_graceful_result(mutable_backend, t
         assert gateway.proc.wait(15) in (0, -signal.SIGTERM)
     finally:
         gateway.stop()
+
+
+async def test_a_listen_during_shutdown_is_refused_with_503(mutable_backend):
+    async with running_gateway(settings(mutable_backend)) as gw, httpx.AsyncClient(timeout=30) as http:
+        first = await ListenReader(http, gw.url, {"toolsListChanged": True}, id="before").open()
+        await gw.runtime.begin_shutdown()
+        await first.wait(lambda: first.ended)
+        late = await ListenReader(http, gw.url, {"toolsListChanged": True}, id="late").open()
+        assert late.status == 503
+        assert late.error["id"] == "late" and late.error["error"]["code"] == -31004
+        assert late.error["error"]["data"] == {"reason": "shutdown"}
+        assert gw.runtime.hub.client_count == 0

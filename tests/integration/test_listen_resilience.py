@@ -1,6 +1,8 @@
-"""The hub when things go wrong: a backend whose stream drops (reconnect, then tell clients
-and the cache they may have missed changes) and a client that stops reading (cut off, the
-others unaffected)."""
+"""The hub when things go wrong: a backend whose stream drops or that ends it gracefully
+(listen again, then tell clients and the cache they may have missed changes), a backend that
+refuses to listen, is down at listen time or was never discovered (left out of the ack, at
+once), a client that stops reading (cut off, the others unaffected), and the hub's Redis
+subscription lost and regained (a gap, like a reconnect)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from prometheus_client import REGISTRY
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
 from tests.support.listen import ListenReader, eventually
-from tests.support.procs import python_server
+from tests.support.procs import python_server, refused_url
+from tests.support.scripted import Scripted
 
 SUB = "io.modelcontextprotocol/subscriptionId"
 # A long URI makes each notification ~2 KB, so the stalled client's socket buffers fill
@@ -141,3 +144,94 @@ async def test_a_backend_down_at_listen_time_is_left_out_of_the_ack_without_wait
     finally:
         alive.stop()
         dead.stop()
+
+
+async def test_a_backend_that_ends_its_listen_stream_gracefully_is_listened_to_again():
+    # spec §Graceful Closure from the backend's side (it is shutting down, or shedding load):
+    # the gateway listens again, and its clients are told they may have missed changes.
+    backend = python_server("mutable_modern.py", name="mutable-closing").start()
+    control = f"http://127.0.0.1:{backend.port}"
+    try:
+        config = {"backends": [{"name": "m", "url": backend.url}],
+                  "subscriptions": {"reconnect_initial_seconds": 0.05, "reconnect_max_seconds": 0.5}}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            reader = await ListenReader(http, gw.url, {"toolsListChanged": True}, id="c").open()
+            assert (await http.post(f"{control}/close-listens")).json() == {"closing": 1}
+            await reader.wait_count(2)
+            assert reader.messages[1] == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
+                                          "params": {"_meta": {SUB: "c"}}}
+            await eventually(lambda: _stats(http, control, open_listens=1, listens_total=2))
+            await http.post(f"{control}/change/tools")
+            await reader.wait_count(3)
+            assert reader.messages[2]["method"] == "notifications/tools/list_changed"
+            assert not reader.ended
+            await reader.close()
+    finally:
+        backend.stop()
+
+
+async def _stats(http: httpx.AsyncClient, control: str, **expected: int) -> bool:
+    stats = (await http.get(f"{control}/stats")).json()
+    return all(stats[k] == v for k, v in expected.items())
+
+
+async def test_a_backend_that_refuses_subscriptions_listen_is_left_out_of_the_ack_at_once():
+    # It advertises tools.listChanged but answers the listen with an error (here -32601).
+    scripted = Scripted("refuser").start()
+    try:
+        config = {"backends": [{"name": "s", "url": scripted.url}],
+                  # Far longer than the reader waits: only the refusal itself can answer.
+                  "subscriptions": {"ack_timeout_seconds": 600}}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            for i in (1, 2):
+                reader = await ListenReader(http, gw.url, {"toolsListChanged": True}, id=i).open(timeout=30)
+                assert reader.status == 200 and reader.ack["params"]["notifications"] == {}
+                await reader.close()
+            assert await scripted.calls("subscriptions/listen")  # it was asked, and said no
+    finally:
+        scripted.stop()
+
+
+async def test_a_backend_down_and_never_discovered_is_left_out_of_the_ack():
+    alive = python_server("mutable_modern.py", name="mutable-beside-undiscovered").start()
+    try:
+        config = {"backends": [{"name": "alive", "url": alive.url}, {"name": "gone", "url": refused_url()}],
+                  "subscriptions": {"ack_timeout_seconds": 600}}
+        async with running_gateway(config, discover=False) as gw, httpx.AsyncClient(timeout=30) as http:
+            both = {"toolsListChanged": True, "promptsListChanged": True}
+            reader = await ListenReader(http, gw.url, both, id="u").open(timeout=30)
+            assert reader.ack["params"]["notifications"] == both
+            assert [s.key.backend for s in gw.runtime.hub.upstreams.values()] == ["alive"]
+            await http.post(f"http://127.0.0.1:{alive.port}/change/tools")
+            await reader.wait_count(2)
+            await reader.close()
+    finally:
+        alive.stop()
+
+
+async def test_a_lost_and_regained_redis_subscription_is_a_gap_for_clients_and_cache(redis_server):
+    # Pub/sub keeps nothing for a subscriber that is away: when the hub's subscription comes
+    # back, every client is told it may have missed changes and the cache forgets what they
+    # could have changed.
+    backend = python_server("mutable_modern.py", name="mutable-resync").start()
+    try:
+        config = {"backends": [{"name": "m", "url": backend.url}],
+                  "cache": {"store": "memory"},
+                  "subscriptions": {"redis_url": redis_server.url}}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            wants = {"toolsListChanged": True, "resourceSubscriptions": ["mutable://config"]}
+            reader = await ListenReader(http, gw.url, wants, id="r").open()
+            await mcp_http.post(http, gw.url, "tools/list")
+            assert (await mcp_http.post(http, gw.url, "tools/list")).headers["x-cache"] == "hit"
+            redis_server.kill()
+            await eventually(lambda: not gw.runtime.hub.bus._subscribed.is_set())
+            redis_server.start()
+            await reader.wait_count(3)
+            assert sorted((n["method"], n["params"].get("uri")) for n in reader.notifications) == [
+                ("notifications/resources/updated", "mutable://config"),
+                ("notifications/tools/list_changed", None),
+            ]
+            assert (await mcp_http.post(http, gw.url, "tools/list")).headers["x-cache"] == "miss"
+            await reader.close()
+    finally:
+        backend.stop()

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from gateway.backends.base import Backend, Reply, internal_call
+from gateway.cache.assembled import MAX_ANSWERS
 from gateway.cache.memory import MemoryStore
 from gateway.cache.service import StoreCache
 from gateway.dispatch import Dispatcher
@@ -202,3 +203,21 @@ async def test_a_change_in_who_serves_the_list_ends_the_reuse(fleet):
     assert status == "hit"
     assert [t["name"] for t in after["result"]["tools"]] == ["alpha__a1", "alpha__a2"]
     assert reused(dispatcher) == 0
+
+
+async def test_kept_answers_are_bounded_and_the_oldest_goes_first():
+    # Every distinct list request (here: its params) is kept separately; past MAX_ANSWERS the
+    # oldest is dropped, so memory stays bounded however many distinct requests arrive.
+    clock = ManualClock()
+    backends = [ListingBackend("alpha", ["a1"]), ListingBackend("beta", ["b1"])]
+    store = MemoryStore(max_entries=4 * MAX_ANSWERS, max_bytes=1 << 26, clock=clock)
+    dispatcher = Dispatcher(RouteTable([Target(b, f"{b.name}__") for b in backends]),
+                            cache=StoreCache(store, CacheSettings(), clock=clock))
+    for page in range(MAX_ANSWERS + 1):
+        for request_id in (1, 2):  # a miss, then a hit made only of fresh entries: kept
+            await answer(dispatcher, tools_list(request_id=request_id, method="prompts/list", page=page))
+    assert reused(dispatcher) == 0
+    _, status = await answer(dispatcher, tools_list(request_id=3, method="prompts/list", page=MAX_ANSWERS))
+    assert status == "hit" and reused(dispatcher) == 1
+    _, status = await answer(dispatcher, tools_list(request_id=4, method="prompts/list", page=0))
+    assert status == "hit" and reused(dispatcher) == 1  # its entries still hold; the kept answer is gone

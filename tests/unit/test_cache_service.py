@@ -315,3 +315,66 @@ async def test_a_fill_that_raced_an_invalidation_stores_nothing():
     await racing
     _, outcome = await cache.fetch(TARGET, call("tools/list"), load)
     assert outcome == "miss" and load.calls == 2
+
+
+async def test_an_answer_larger_than_max_entry_bytes_is_served_but_not_stored():
+    cache = make_cache(max_entry_bytes=512)
+    big, small = Loader(text="x" * 1024), Loader(text="x" * 16)
+    for n in (1, 2):
+        answer, outcome = await cache.fetch(TARGET, call(uri="test://big"), big)
+        assert outcome == "miss" and answer["result"]["n"] == n and answer["result"]["ttlMs"] == 60_000
+    await cache.fetch(TARGET, call(uri="test://small"), small)
+    _, outcome = await cache.fetch(TARGET, call(uri="test://small"), small)
+    assert outcome == "hit" and small.calls == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"resultType": "input_required", "inputRequests": {}},
+        None,  # an error answer (not "method not found", so never remembered)
+    ],
+    ids=["input_required", "error"],
+)
+async def test_a_coalesced_answer_that_is_not_cacheable_is_not_handed_to_the_waiters(answer):
+    # Such an answer belongs to the request that fetched it: each waiter asks for its own.
+    calls = 0
+    gate = asyncio.Event()
+
+    async def load():
+        nonlocal calls
+        calls += 1
+        n = calls
+        await gate.wait()
+        if answer is None:
+            return {"jsonrpc": "2.0", "id": 0, "error": {"code": rpc.INVALID_PARAMS, "message": f"no #{n}"}}
+        return {"jsonrpc": "2.0", "id": 0, "result": {**answer, "n": n}}
+
+    cache = make_cache()
+    tasks = [asyncio.create_task(cache.fetch(TARGET, call(request_id=i), load)) for i in (1, 2)]
+    while calls == 0:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)  # the second request joined the first one's fetch
+    assert calls == 1
+    gate.set()
+    answers = [a for a, _ in await asyncio.gather(*tasks)]
+    assert calls == 2 and [a["id"] for a in answers] == [1, 2]
+    if answer is None:
+        assert sorted(a["error"]["message"] for a in answers) == ["no #1", "no #2"]
+    else:
+        assert sorted(a["result"]["n"] for a in answers) == [1, 2]
+        assert all("ttlMs" not in a["result"] for a in answers)
+
+
+async def test_an_unexpected_failure_of_a_coalesced_fetch_reaches_every_waiter():
+    # Not a JSON-RPC error (a bug below the cache): every caller sees it; none hangs.
+    cache, load = make_cache(), Loader()
+    load.gate = asyncio.Event()
+    load.fail = LookupError("not an McpError")
+    tasks = [asyncio.create_task(cache.fetch(TARGET, call(request_id=i), load)) for i in (1, 2, 3)]
+    while load.calls == 0:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)
+    load.gate.set()
+    failures = await asyncio.gather(*tasks, return_exceptions=True)
+    assert load.calls == 1 and [type(f) for f in failures] == [LookupError] * 3

@@ -97,6 +97,12 @@ async def test_redis_outage_leaves_each_replica_working_alone(redis_server):
         # Holding and renewing succeed locally; events still reach this replica's clients.
         assert await a.bus.acquire("s1") is True
         assert await a.bus.renew("s1", None) is True
+        # A follower's questions have the answers that keep it going: no stored ack, nobody
+        # else waiting on the stream; its own interest is simply not recorded.
+        assert await a.bus.read_ack("s1") is None
+        assert await a.bus.others_want("s1") is False
+        await a.bus.want("s1")
+        await a.bus.unwant("s1")
         await eventually(lambda: not a.bus._subscribed.is_set())
         await a.bus.publish({"t": "event", "k": "s1"})
         assert a.events == [{"t": "event", "k": "s1"}]
@@ -154,3 +160,62 @@ async def test_a_handler_failure_does_not_end_the_subscription(redis_server):
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await client.aclose()
+
+
+async def test_events_that_are_not_json_objects_are_dropped_and_the_bus_goes_on(redis_server, caplog):
+    import redis.asyncio as aioredis
+
+    a = await Replica(redis_server.url, "a").start()
+    publisher = aioredis.from_url(redis_server.url)
+    try:
+        for junk in (b"not json", b"[1, 2]", b'"event"', b"42"):
+            await publisher.publish("test:listen:events", junk)
+        await a.bus.publish({"t": "event", "k": "s1"})
+        await eventually(lambda: a.events)
+        assert a.events == [{"t": "event", "k": "s1"}]
+        dropped = [r for r in caplog.records if r.name == "gateway.subscriptions.bus"]
+        assert [r.levelname for r in dropped] == ["WARNING"] * 4  # said, not an error
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    finally:
+        await a.bus.aclose()
+        await publisher.aclose()
+
+
+async def test_an_event_redis_will_not_take_still_reaches_this_replica(redis_server):
+    # Redis accepts connections but refuses writes for a while (`CLIENT PAUSE … WRITE`: a
+    # failover, a stuck primary). The subscription is still up, the publish times out: this
+    # replica's own clients must hear the event all the same.
+    import redis.asyncio as aioredis
+
+    a = await Replica(redis_server.url, "a").start()
+    admin = aioredis.from_url(redis_server.url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", "60000", "WRITE")
+        assert a.bus._subscribed.is_set()
+        await a.bus.publish({"t": "event", "k": "s1"})
+        assert a.events == [{"t": "event", "k": "s1"}]
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
+        await a.bus.aclose()
+
+
+async def test_a_damaged_or_foreign_ack_in_redis_reads_as_no_ack(redis_server):
+    # The holder's ack is read by every follower; what another version or a damaged write
+    # left there must not break the follower's stream (it would stop following for good).
+    import redis.asyncio as aioredis
+
+    a, b = await Replica(redis_server.url, "a").start(), await Replica(redis_server.url, "b").start()
+    admin = aioredis.from_url(redis_server.url)
+    try:
+        assert await a.bus.acquire("s1") and await a.bus.renew("s1", {"f": {"toolsListChanged": True}})
+        ack_key = "test:listen:s1:ack"
+        for foreign in (b"not json", b"[1, 2]", b'"ack"', b"null"):
+            await admin.set(ack_key, foreign)
+            assert await b.bus.read_ack("s1") is None
+        await a.bus.renew("s1", {"f": {"toolsListChanged": True}})
+        assert await b.bus.read_ack("s1") == {"f": {"toolsListChanged": True}}
+    finally:
+        await admin.aclose()
+        await a.bus.aclose()
+        await b.bus.aclose()
