@@ -29,7 +29,6 @@ from gateway.routing.table import RouteTable, Target
 log = logging.getLogger("gateway.dispatch")
 
 SERVER_INFO = {"name": "mcp-gateway", "version": __version__}
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 _BACKEND_OUTCOMES = {
     rpc.BACKEND_UNAVAILABLE: "unavailable",
     rpc.BACKEND_TIMEOUT: "timeout",
@@ -330,10 +329,7 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
             if rtype == "input_required" and not (call.spec is not None and call.spec.mrtr):
                 raise rpc.backend_protocol_error(backend, f"input_required is not allowed for {call.method}", call.id)
             return message
-        # `extensions` is the client's own value: only an object declares anything (a number
-        # here raised TypeError, a 500; a string matched by substring).
-        extensions = call.client_capabilities.get("extensions")
-        if rtype == "task" and isinstance(extensions, dict) and TASKS_EXTENSION in extensions:
+        if rtype == "task" and call.declares_extension(meta.TASKS_EXTENSION):
             return message
         raise rpc.backend_protocol_error(backend, f"result type {rtype!r} the client did not negotiate", call.id)
     error = message.get("error")

@@ -56,6 +56,13 @@ class Call:
         caps = self.meta.get(meta.CLIENT_CAPABILITIES)
         return caps if isinstance(caps, dict) else {}
 
+    def declares_extension(self, name: str) -> bool:
+        """Whether the client declared extension `name` (`capabilities.extensions`). The value is
+        the client's own: only an object declares anything (`in` on a number raises, on a
+        string it matches by substring)."""
+        extensions = self.client_capabilities.get("extensions")
+        return isinstance(extensions, dict) and name in extensions
+
     @property
     def log_level(self) -> str | None:
         return self.meta.get(meta.LOG_LEVEL)

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.subscriptions")
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 _NOTHING = SubscriptionFilter()
 
 
@@ -198,9 +197,9 @@ class SubscriptionHub:
     async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply:
         assert call.id is not None
         requested, asks_tasks = parse_request(call.params, call.id)
-        if asks_tasks and TASKS_EXTENSION not in (call.client_capabilities.get("extensions") or {}):
+        if asks_tasks and not call.declares_extension(meta.TASKS_EXTENSION):
             # SEP-2663: taskIds needs the Tasks extension declared.
-            raise rpc.missing_capability({"extensions": {TASKS_EXTENSION: {}}}, call.id)
+            raise rpc.missing_capability({"extensions": {meta.TASKS_EXTENSION: {}}}, call.id)
         await self.start()
         principal = getattr(call.principal, "key", None) or "anonymous"
         self._admit(principal, call.id)

@@ -169,6 +169,13 @@ async def test_task_ids_need_the_tasks_extension(mutable_backend):
         error = response.json()["error"]
         assert error["code"] == -32021
         assert error["data"]["requiredCapabilities"] == {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+        # `extensions` that is no object declares nothing (a number was a 500, a string matched
+        # by substring).
+        for extensions in (5, "io.modelcontextprotocol/tasks"):
+            malformed = await mcp_http.post(
+                http, gw.url, "subscriptions/listen", {"notifications": {"taskIds": ["t"]}},
+                meta={"io.modelcontextprotocol/clientCapabilities": {"extensions": extensions}})
+            assert (malformed.status_code, malformed.json()["error"]["code"]) == (400, -32021), extensions
         # Declared: accepted, and honestly not acknowledged (the gateway offers no tasks).
         reader = await ListenReader(
             http, gw.url, {"taskIds": ["t"], "toolsListChanged": True}, id=9,
