@@ -64,6 +64,11 @@ class _Connection(asyncio.Protocol):
         self.open = True
 
     def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            # Nothing was asked (idle in the pool): a server writing now is closing (a 408) or
+            # broken, and a partial head left in the parser would open the next answer. Retire it.
+            self.close()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -103,6 +108,15 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     # -- httptools callbacks --------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        response = self.response
+        if response is not None and response.complete:
+            # A second answer to one request, in the bytes after the first (the idle case is
+            # `data_received`'s): detached, so it cannot touch the answered response or open
+            # the next one; the connection is retired.
+            self.response = None
+            self.close()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.response is not None:

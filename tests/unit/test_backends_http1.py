@@ -478,3 +478,42 @@ async def until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the condition never held")
+
+
+@pytest.mark.parametrize("when", ["with the answer", "once idle"])
+async def test_bytes_after_the_answer_retire_the_connection(when: str) -> None:
+    """A server that writes more than the answer (a `408` before it closes, a broken one) has
+    left the connection in an unknown state: a partial head kept in the parser would become the
+    start of the next request's answer. Whether the bytes come in the answer's segment or
+    while the connection idles in the pool, it is closed, and the next request gets a new
+    connection and its own answer."""
+    answered = asyncio.Event()
+    closed_by_client = asyncio.Event()
+    stray = b"HTTP/1.1 408 Request Timeout\r\ncontent-"  # cut: the rest never comes
+
+    async def answers_then_babbles(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, _, body = await read_request(reader)
+        if len(connections) > 1:
+            writer.write(json_answer(body))
+            await echo_forever(reader, writer)
+            return
+        if when == "with the answer":
+            writer.write(json_answer(body) + stray)
+        else:
+            writer.write(json_answer(body))
+            await answered.wait()
+            writer.write(stray)
+        await writer.drain()
+        if await reader.read() == b"":
+            closed_by_client.set()
+
+    async with serve(answers_then_babbles) as (url, connections):
+        client = Http1Client("b", max_connections=4, connect_timeout=5)
+        first = await client.post(url, b'{"n": 1}', {}, read_timeout=5)
+        assert await first.read() == b'{"n": 1}'
+        answered.set()
+        await asyncio.wait_for(closed_by_client.wait(), 5)
+        second = await client.post(url, b'{"n": 2}', {}, read_timeout=5)
+        assert (second.status, await second.read()) == (200, b'{"n": 2}')
+        await client.aclose()
+    assert len(connections) == 2
