@@ -3,23 +3,10 @@ X-Cache on the answer, remaining ttlMs, and aggregated lists merged from cached 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.procs import Proc, python_server
-
-
-@pytest.fixture(scope="module")
-def counting_backend() -> Iterator[Proc]:
-    proc = python_server("counting_modern.py", name="counting-modern-memory").start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 async def test_default_memory_cache_answers_repeated_reads(counting_backend):

@@ -260,17 +260,23 @@ async def test_a_config_change_for_the_route_starts_from_empty():
     assert outcome == "hit"
 
 
-async def test_a_failed_coalesced_fetch_answers_each_waiter_with_its_own_id():
+async def _three_coalesced_fetches_failing_with(failure: Exception) -> tuple[Loader, list[BaseException]]:
+    """Requests 1, 2 and 3 miss together behind one held fetch, which then fails."""
     cache, load = make_cache(), Loader()
     load.gate = asyncio.Event()
-    # What a backend raises: an error already carrying the id of the call that was sent.
-    load.fail = rpc.backend_unavailable("alpha", "connection refused", request_id=1)
+    load.fail = failure
     tasks = [asyncio.create_task(cache.fetch(TARGET, call(request_id=i), load)) for i in (1, 2, 3)]
     while load.calls == 0:
         await asyncio.sleep(0.001)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the other two join the flight
     load.gate.set()
-    failures = await asyncio.gather(*tasks, return_exceptions=True)
+    return load, await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_failed_coalesced_fetch_answers_each_waiter_with_its_own_id():
+    # What a backend raises: an error already carrying the id of the call that was sent.
+    load, failures = await _three_coalesced_fetches_failing_with(
+        rpc.backend_unavailable("alpha", "connection refused", request_id=1))
     assert load.calls == 1
     assert all(isinstance(f, rpc.McpError) for f in failures)
     assert [f.request_id for f in failures] == [1, 2, 3]
@@ -368,13 +374,5 @@ async def test_a_coalesced_answer_that_is_not_cacheable_is_not_handed_to_the_wai
 
 async def test_an_unexpected_failure_of_a_coalesced_fetch_reaches_every_waiter():
     # Not a JSON-RPC error (a bug below the cache): every caller sees it; none hangs.
-    cache, load = make_cache(), Loader()
-    load.gate = asyncio.Event()
-    load.fail = LookupError("not an McpError")
-    tasks = [asyncio.create_task(cache.fetch(TARGET, call(request_id=i), load)) for i in (1, 2, 3)]
-    while load.calls == 0:
-        await asyncio.sleep(0.001)
-    await asyncio.sleep(0.01)
-    load.gate.set()
-    failures = await asyncio.gather(*tasks, return_exceptions=True)
+    load, failures = await _three_coalesced_fetches_failing_with(LookupError("not an McpError"))
     assert load.calls == 1 and [type(f) for f in failures] == [LookupError] * 3
