@@ -55,7 +55,7 @@ def pipeline(settings: GatewaySettings) -> list[Middleware]:
         # Probes and OAuth discovery carry no token: those paths stay open, every other path
         # (the MCP endpoint, and any route added later) needs one (docs/auth.md).
         open_paths = (*OPERATIONAL_PATHS, *metadata_paths(settings.auth, server.path))
-        steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths))
+        steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths, mcp_path=server.path))
     else:
         steps.append(Middleware(NoAuth))
     steps.append(Middleware(RequestLimits, max_body_bytes=server.max_body_bytes))

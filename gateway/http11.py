@@ -15,7 +15,11 @@ differently, and why:
   other connections' answers of that pass, so one wake-up of the client serves them all.
 - Keep-alive without a timer per response: an idle connection notes when it became idle, and
   one sweep per second closes those idle longer than `timeout_keep_alive`. A connection that
-  never sends a request counts as idle from the start (uvicorn's stays open).
+  never sends a request counts as idle from the start (uvicorn's stays open). The same sweep
+  closes a connection whose client began a request and stopped sending it (a head not complete
+  within READ_TIMEOUT_SECONDS, a body slower than a minimum rate: slowloris), which uvicorn's
+  protocol leaves open for ever. Trailer fields are dropped, never merged into the headers
+  (RFC 9110 §6.5.1), and at most MAX_PIPELINED requests are read ahead.
 - No event, flow-control object or request-cycle object per request beyond one small slotted
   `_Exchange`; one task per request, as uvicorn, running the application itself (its outcome
   handled by a done-callback, not a wrapper coroutine); `Date` rendered once a second.
@@ -39,7 +43,7 @@ import http
 import logging
 import weakref
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import httptools
 
@@ -49,6 +53,17 @@ log = logging.getLogger("uvicorn.error")
 access_log = logging.getLogger("uvicorn.access")
 
 MAX_HEADER_BYTES = 64 * 1024
+# Slow clients (slowloris): a request's head must be complete this long after its first byte,
+# and its body must keep coming: the deadline is pushed back by one second per
+# `_MIN_BODY_RATE` bytes that arrive (Apache's mod_reqtimeout `MinRate`), and restarts in full
+# whenever reading resumes after this side paused it. Past it the connection is closed, with a
+# 408 when no request is being answered (RFC 9110 §15.5.9; RFC 9112 §9.6 lets a server close).
+READ_TIMEOUT_SECONDS = 30.0
+_MIN_BODY_RATE = 500
+# Requests read ahead while one is answered (pipelining). A parsed request costs far more
+# memory than its bytes (~45x for a bare GET), and the parser cannot stop in the middle of a
+# read, so one read of tiny requests could otherwise queue thousands of them.
+MAX_PIPELINED = 64
 # Unread request body above which the socket stops being read until the application reads.
 _BODY_HIGH_WATER = 64 * 1024
 _SWEEP_SECONDS = 1.0
@@ -123,7 +138,8 @@ _sweepers: weakref.WeakKeyDictionary[Any, _Sweeper] = weakref.WeakKeyDictionary(
 
 class Http11Protocol(asyncio.Protocol):
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 _loop: asyncio.AbstractEventLoop | None = None, *,
+                 read_timeout_seconds: float = READ_TIMEOUT_SECONDS) -> None:
         if not config.loaded:
             config.load()
         self.app = config.loaded_app
@@ -132,6 +148,7 @@ class Http11Protocol(asyncio.Protocol):
         self.app_state = app_state
         self.root_path = config.root_path
         self.keep_alive_seconds = config.timeout_keep_alive
+        self.read_timeout_seconds = read_timeout_seconds
         self.access_log = access_log.hasHandlers()
         self.parser = httptools.HttpRequestParser(self)
         sweeper = _sweepers.get(server_state)
@@ -160,6 +177,11 @@ class Http11Protocol(asyncio.Protocol):
         self._head_bytes = 0  # bytes received while the head is incomplete
         self._chunk_bytes = 0  # the chunk being parsed
         self._expect_continue = False
+        # When the message being read must be further along (None: no message being read).
+        self._read_deadline: float | None = None
+        self._began = False  # a message began in the data being parsed
+        self._progress = False  # the data being parsed completed a head or carried body bytes
+        self._frame_bytes = 0  # bytes past the head that carried no body (chunk framing, trailers)
 
     # -- connection ---------------------------------------------------------------------
 
@@ -184,7 +206,15 @@ class Http11Protocol(asyncio.Protocol):
         self._resume_writers()
 
     def close_if_idle(self, now: float) -> None:
-        if self.idle_since is not None and now - self.idle_since >= self.keep_alive_seconds:
+        """The sweep: close a connection idle past the keep-alive timeout, or one whose
+        client stopped sending the request it began (READ_TIMEOUT_SECONDS). Not while this
+        side paused reading, nor while another request is answered (a pipelined head waits)."""
+        deadline = self._read_deadline
+        if deadline is not None:
+            if (now >= deadline and not self.reading_paused
+                    and (self.active is None or self.active is self.parsing)):
+                self._refuse(408, "Request Timeout")
+        elif self.idle_since is not None and now - self.idle_since >= self.keep_alive_seconds:
             self._close()
 
     def shutdown(self) -> None:
@@ -222,20 +252,35 @@ class Http11Protocol(asyncio.Protocol):
         if self.reading_paused and self.transport is not None and not self.closing:
             self.reading_paused = False
             self.transport.resume_reading()
+            if self._read_deadline is not None:  # the pause was ours: the client gets its time again
+                self._read_deadline = max(self._read_deadline, self.loop.time() + self.read_timeout_seconds)
 
     # -- parsing (httptools callbacks) ------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self.idle_since = None
+        # Not idle from here on only once a message begins (`on_message_begin`): bytes that
+        # begin none (the CRLFs the parser skips before a request line) are no activity.
         self._chunk_bytes = len(data)
+        self._began = self._progress = False
         try:
             self.parser.feed_data(data)
             if self._in_head:
                 # The head is still incomplete after this chunk: count it against the limit
-                # here, once per chunk, rather than per header field.
-                self._head_bytes += len(data)
+                # here, once per chunk, rather than per header field. Not the chunk it began
+                # in, which may also hold earlier pipelined requests and their bodies (counted,
+                # they made a legitimate head 431); at most one read goes uncounted, and
+                # `on_headers_complete` measures a complete head exactly.
+                if not self._began:
+                    self._head_bytes += len(data)
                 if self._head_bytes > MAX_HEADER_BYTES:
                     self._refuse(431, "Request header fields too large")
+            elif self.parsing is not None and not self._progress:
+                # Past the head, and no body byte in this chunk: chunk-size lines, chunk
+                # extensions, trailer fields. The parser buffers a field until it ends and
+                # reads an extension as long as it runs, so they are capped like a head.
+                self._frame_bytes += len(data)
+                if self._frame_bytes > MAX_HEADER_BYTES:
+                    self._refuse(431, "Request trailer section or chunk framing too large")
         except httptools.HttpParserUpgrade:
             # No protocol to switch to (RFC 9110 §7.8: the server may ignore Upgrade): the
             # request is answered over HTTP/1.1, as uvicorn does, and the connection closed
@@ -252,7 +297,10 @@ class Http11Protocol(asyncio.Protocol):
                 self._refuse(400, f"Bad Request: {exc}")
 
     def _refuse(self, status: int, text: str) -> None:
-        if self.transport is not None and self.active is None and not self.transport.is_closing():
+        # Answered only when no request is being answered and the failing message has no
+        # exchange of its own (once it has one, that exchange has or will have the answer).
+        if (self.transport is not None and self.active is None and self.parsing is None
+                and not self.transport.is_closing()):
             self.batch.write(self.transport, _refusal(status, text))
         self._close()
 
@@ -262,11 +310,21 @@ class Http11Protocol(asyncio.Protocol):
         self._in_head = True
         self._head_bytes = 0
         self._expect_continue = False
+        self._began = True
+        self._frame_bytes = 0
+        self.idle_since = None
+        self._read_deadline = self.loop.time() + self.read_timeout_seconds
 
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            # A trailer field (after a chunked body). RFC 9110 §6.5.1: not to be merged into
+            # the header section, which the policies have judged already (Host, Origin,
+            # Authorization, Mcp-*), and the gateway uses no trailer. Dropped, not kept:
+            # nothing else would bound them (`data_received` caps their bytes).
+            return
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
@@ -274,6 +332,7 @@ class Http11Protocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._progress = True
         if (self._head_bytes + self._chunk_bytes > MAX_HEADER_BYTES
                 and sum(len(n) + len(v) for n, v in self._headers) > MAX_HEADER_BYTES):
             # Measured exactly only when the bytes that carried it could hold that much.
@@ -300,8 +359,12 @@ class Http11Protocol(asyncio.Protocol):
             "headers": self._headers,
             "state": self.app_state.copy(),
         }
+        if len(self.waiting) >= MAX_PIPELINED:
+            raise httptools.HttpParserError(f"more than {MAX_PIPELINED} pipelined requests")
         exchange = _Exchange(scope, parser.should_keep_alive() and not self.closing, self._expect_continue)
         self.parsing = exchange
+        # The body's own time starts now (a head that took long does not shorten it).
+        self._read_deadline = self.loop.time() + self.read_timeout_seconds
         if self.active is None:
             self._start(exchange)
         else:
@@ -312,12 +375,22 @@ class Http11Protocol(asyncio.Protocol):
         exchange = self.parsing
         if exchange is None:
             return
+        self._progress = True
+        self._frame_bytes = 0
+        if self._read_deadline is not None:
+            self._read_deadline += len(body) / _MIN_BODY_RATE
+        if exchange.complete or exchange.gone:
+            # Answered already (a 413 before reading, say): nobody will read the rest. Kept, it
+            # would pile up until reading paused with no one to resume it; dropped, the client
+            # may finish sending it (under the read deadline) and reuse the connection.
+            return
         exchange.body += body
         if len(exchange.body) > _BODY_HIGH_WATER:
             self._pause_reading()
         exchange.wake()
 
     def on_message_complete(self) -> None:
+        self._read_deadline = None
         exchange = self.parsing
         if exchange is not None:
             exchange.body_done = True
@@ -328,6 +401,7 @@ class Http11Protocol(asyncio.Protocol):
 
     def _start(self, exchange: _Exchange) -> None:
         self.active = exchange
+        self.idle_since = None
         # The application runs as the task itself, its outcome handled by a done-callback
         # (`_ended`): a wrapper coroutine would add a frame to every resumption of the request.
         task = self.loop.create_task(self.app(exchange.scope, self._receiver(exchange), self._sender(exchange)))
@@ -362,6 +436,8 @@ class Http11Protocol(asyncio.Protocol):
                 exchange.expect_continue = False
                 if self.transport is not None and not exchange.started:
                     self.batch.write(self.transport, _CONTINUE)
+                    if self.parsing is exchange:  # the client waited for this to send its body
+                        self._read_deadline = self.loop.time() + self.read_timeout_seconds
             while True:
                 if exchange.gone or exchange.complete:
                     return _DISCONNECT
@@ -452,8 +528,10 @@ class Http11Protocol(asyncio.Protocol):
             scope = exchange.scope
             client = "%s:%d" % self.client if self.client else "-"
             query = scope["query_string"].decode("latin-1")
+            # The path quoted again, as uvicorn logs it: decoded, a %0D%0A in it would write a
+            # line of the client's choosing into the log (CWE-117).
             access_log.info('%s - "%s %s HTTP/%s" %d', client, scope["method"],
-                            scope["path"] + ("?" + query if query else ""), scope["http_version"], status)
+                            quote(scope["path"]) + ("?" + query if query else ""), scope["http_version"], status)
 
     def _body(self, exchange: _Exchange, body: bytes, more: bool) -> None:
         out: list[bytes] = []

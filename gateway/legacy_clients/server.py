@@ -58,6 +58,10 @@ _ALLOW = [(b"allow", b"POST")]
 _STREAMED = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 # Reconnect delay the priming event asks for (L-TR §Sending 6: the client MUST respect it).
 RETRY_MS = 1000
+# Forwarded requests one session may have in flight. A dropped stream does not cancel its
+# request (L-TR §Sending 6), so without a bound a client could start work, walk away and start
+# more: each a task, a backend call, input requests parked for up to the input timeout.
+MAX_IN_FLIGHT_PER_SESSION = 100
 
 
 class LegacyClients:
@@ -366,6 +370,18 @@ class LegacyClients:
         receive: asgi.Receive,
         send: asgi.Send,
     ) -> None:
+        request_id = msg["id"]
+        if request_id in session.in_flight:
+            # L-BASIC: an id is never reused within a session. Replacing the entry would leave
+            # the first request's work running untracked (uncancellable, and uncounted below).
+            await _send_message(send, rpc.invalid_request(
+                f"request id {request_id!r} is still in flight in this session", request_id).to_message())
+            return
+        if len(session.in_flight) >= MAX_IN_FLIGHT_PER_SESSION:
+            await _send_message(send, rpc.gateway_overloaded(
+                f"this session already has {MAX_IN_FLIGHT_PER_SESSION} requests in flight; wait for (or cancel) "
+                "some of them", limit="legacy_clients.MAX_IN_FLIGHT_PER_SESSION", request_id=request_id).to_message())
+            return
         accept = headers.get("accept", "")
         streamed = msg["method"] in _STREAMED and ("text/event-stream" in accept or "*/*" in accept)
         stream = session.new_stream() if streamed else None

@@ -174,10 +174,12 @@ def key_source(auth: AuthSettings) -> KeySource:
 
 class JwtAuth:
     def __init__(self, app: asgi.ASGIApp, *, auth: AuthSettings, open_paths: Iterable[str] = (),
-                 keys: KeySource | None = None) -> None:
+                 keys: KeySource | None = None, mcp_path: str = "/mcp") -> None:
         if auth.mode != "jwt":
             raise ValueError("JwtAuth needs auth.mode: jwt")
         self.app = app
+        # The one place whose body phase holds Mcp-Method to the body (`_declared_method`).
+        self.mcp_path = mcp_path.rstrip("/") or "/"
         self.verifier = JwtVerifier(auth, keys if keys is not None else key_source(auth))
         self.scopes = ScopeRules.from_settings(auth)
         self.metadata_url = metadata_url(auth)
@@ -192,7 +194,7 @@ class JwtAuth:
         if scope["type"] != "http" or (scope["path"].rstrip("/") or "/") in self.open_paths:
             await self.app(scope, receive, send)
             return
-        needed = self.scopes.for_method(_declared_method(scope))
+        needed = self.scopes.for_method(self._declared_method(scope))
         try:
             scope["auth"] = await self.authenticate(scope, needed)
         except AuthFailure as failure:
@@ -232,20 +234,22 @@ class JwtAuth:
                              rpc.error_message(None, rpc.INVALID_REQUEST, f"{reason}: {failure.description}"),
                              [(b"www-authenticate", challenge.encode("latin-1"))])
 
-
-def _declared_method(scope: asgi.Scope) -> str | None:
-    """The method the request says it carries, from `Mcp-Method` (header first: decided
-    before the body is read). Trusting the header is safe for modern requests: the body
-    phase rejects any header/body mismatch with 400 -32020 before routing (SHTTP §Server
-    Validation), so a request cannot claim a cheap method here and run another. That only
-    holds for requests that declare a modern protocol version; for anything else (e.g. an
-    initialize-era client, which sends no Mcp-Method) the method is unknown and the scope
-    rules fail closed."""
-    version = asgi.get_header(scope, b"mcp-protocol-version")
-    if version is None or not is_modern(version.decode("latin-1").strip()):
-        return None
-    method = asgi.get_header(scope, b"mcp-method")
-    return method.decode("latin-1").strip() if method is not None else None
+    def _declared_method(self, scope: asgi.Scope) -> str | None:
+        """The method the request says it carries, from `Mcp-Method` (header first: decided
+        before the body is read). Trusting the header is safe only where the body phase then
+        rejects any header/body mismatch with 400 -32020 before routing (SHTTP §Server
+        Validation), so a request cannot claim a cheap method here and run another: a POST to
+        the MCP endpoint that declares a modern protocol version. Nothing checks the header
+        anywhere else (the HTTP+SSE transport's /sse and /sse/messages run whatever their
+        bodies say; the legacy GET stream and DELETE), and an initialize-era client sends no
+        Mcp-Method: there the method is unknown and the scope rules fail closed."""
+        if scope["method"] != "POST" or (scope["path"].rstrip("/") or "/") != self.mcp_path:
+            return None
+        version = asgi.get_header(scope, b"mcp-protocol-version")
+        if version is None or not is_modern(version.decode("latin-1").strip()):
+            return None
+        method = asgi.get_header(scope, b"mcp-method")
+        return method.decode("latin-1").strip() if method is not None else None
 
 
 def www_authenticate(metadata: str, *, error: str | None = None, scopes: Iterable[str] = (),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from gateway import asgi
 from gateway.policies.head import HeadPolicy, Refusal
@@ -32,7 +32,9 @@ _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "localhost.localdomai
 # cached tools/list (bench/README.md "Profile"). Bounded, since clients choose the names.
 @functools.lru_cache(maxsize=1024)
 def _is_loopback_host(host: str) -> bool:
-    host = host.strip("[]").lower()
+    # Brackets already off (urlsplit's hostname, `_split_host`): one left over means a
+    # malformed value ("[::1", "[::1]evil.example"), which must not pass for "::1".
+    host = host.lower()
     if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
         return True
     try:
@@ -46,8 +48,22 @@ def _split_host(hostport: str) -> str:
     """The host part of a Host header value (IPv6 literals keep their brackets off)."""
     hostport = hostport.strip().lower()
     if hostport.startswith("["):
-        return hostport[1 : hostport.find("]")] if "]" in hostport else hostport
+        end = hostport.find("]")
+        rest = hostport[end + 1 :] if end != -1 else ""
+        # Only an optional port may follow the literal (RFC 9110 §7.2: uri-host [":" port]);
+        # "[::1]evil.example" is not the loopback literal, and stays whole (refused).
+        if end == -1 or (rest and not (rest[0] == ":" and (rest[1:].isdigit() or rest == ":"))):
+            return hostport
+        return hostport[1:end]
     return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
+
+
+def _valid_port(parts: SplitResult) -> bool:
+    try:
+        parts.port  # noqa: B018 - raises ValueError for anything but an integer in range
+    except ValueError:
+        return False
+    return True
 
 
 def _forbidden(why: str) -> Refusal:
@@ -70,6 +86,11 @@ class OriginPolicy(HeadPolicy):
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return False  # includes the opaque "null" origin
+        # A serialized origin is scheme "://" host [":" port] and nothing else (RFC 6454 §6.2).
+        # Anything more (userinfo, a path, a second origin after a comma when the header was
+        # repeated) would let urlsplit find a loopback host in a value that names another.
+        if "@" in parts.netloc or parts.path or parts.query or parts.fragment or not _valid_port(parts):
+            return False
         if _is_loopback_host(parts.hostname):
             return True
         return self.trust_same_host and host is not None and parts.netloc == host.lower()

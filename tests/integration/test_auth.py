@@ -223,3 +223,40 @@ async def test_two_principals_do_not_share_private_cache_entries(jwks, issuer):
                                                extra_headers=bearer(issuer.token(sub, scope="mcp:read")))
                 assert response.status_code == 200, response.text
     assert len(recorder.calls("tools/list")) == 2
+
+
+async def test_method_scopes_cannot_be_dodged_on_the_http_sse_transport(settings, issuer):
+    """`Mcp-Method` may choose the method scopes only where the body phase proves it (POST to
+    the MCP endpoint, SHTTP §Server Validation). The HTTP+SSE transport (/sse) never looks at
+    it, so declaring a cheap method there must not lower the scopes: a token without
+    mcp:tools must not get a tools/call through."""
+    narrow = {**bearer(issuer.token(scope="mcp:read")), "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as client:
+        async with client.stream("GET", gw.base + "/sse", headers={"accept": "text/event-stream", **narrow}) as stream:
+            refused = stream.status_code
+            if refused == 200:  # the bypass: show what the narrow token can then do
+                events = stream.aiter_lines()
+                endpoint = next(line[5:].strip() for line in [await anext(events), await anext(events)]
+                                if line.startswith("data:"))
+                for message in (
+                    {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                        "protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "x", "version": "0"}}},
+                    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "test_simple_text", "arguments": {}}},
+                ):
+                    posted = await client.post(gw.base + endpoint, json=message, headers=narrow)
+                    assert posted.status_code == 202
+                called = ""
+                async for line in events:
+                    if line.startswith("data:") and '"id":1' in line:
+                        called = line
+                        break
+                pytest.fail(f"a token without mcp:tools called a tool over /sse: {called}")
+        assert refused == 403
+        posted = await client.post(gw.base + "/sse/messages?session_id=x", json={}, headers=narrow)
+        assert posted.status_code == 403
+        assert 'scope="mcp:read mcp:tools"' in posted.headers["www-authenticate"]
+        # The same headers on the MCP endpoint itself still choose the method's scopes.
+        listed = await mcp_http.post(client, gw.url, "tools/list", extra_headers=bearer(issuer.token(scope="mcp:read")))
+        assert listed.status_code == 200

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,17 +14,22 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.http11 import MAX_HEADER_BYTES, Http11Protocol
+from gateway.http11 import MAX_HEADER_BYTES, MAX_PIPELINED, Http11Protocol
+from tests.support.gateway import running_gateway
 from tests.support.sockets import read_now
 
 App = Any
 
 
 @contextlib.asynccontextmanager
-async def serving(app: App, **config: Any) -> AsyncIterator[tuple[int, uvicorn.Server]]:
+async def serving(app: App, *, read_timeout_seconds: float | None = None, **config: Any
+                  ) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, http=Http11Protocol, lifespan="off", log_level="warning",
+    protocol: Any = Http11Protocol
+    if read_timeout_seconds is not None:
+        protocol = functools.partial(Http11Protocol, read_timeout_seconds=read_timeout_seconds)
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, lifespan="off", log_level="warning",
                                            timeout_graceful_shutdown=1, **config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -316,3 +323,227 @@ async def test_the_only_answer_in_flight_leaves_at_once_and_one_of_several_waits
     for sock in clients.values():
         sock.close()
 
+
+
+# -- hostile clients ----------------------------------------------------------------------------
+
+
+async def closed(sock: socket.socket, limit: float = 15) -> bytes:
+    """Everything the server sent until it closed the connection (fails if it never does)."""
+    out = b""
+    async with asyncio.timeout(limit):
+        while not out.endswith(b"<EOF>"):
+            out += read_now(sock)
+            await asyncio.sleep(0.05)
+    return out[:-5]
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setblocking(False)
+    return sock
+
+
+def dribble(sock: socket.socket, data: bytes) -> bool:
+    """Send what the server still takes; False once it has closed."""
+    try:
+        sock.send(data)
+    except (BlockingIOError, OSError):
+        return False
+    return True
+
+
+async def test_a_client_that_stops_sending_its_request_is_cut_off() -> None:
+    """Slowloris: a head that never ends, one dribbled a byte at a time, a body that stops
+    coming or comes slower than the minimum rate, CRLFs that begin no request. Each held a
+    connection (and, with a body, a request task) for ever: every byte reset the idle clock."""
+    bodies: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                bodies.append({"gone": True, "body": body})
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        bodies.append({"gone": False, "body": body})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with serving(app, read_timeout_seconds=1, timeout_keep_alive=60) as (port, server):
+        stalled_head = connect(port)
+        stalled_head.sendall(b"POST / HTTP/1.1\r\nhost: h\r\n")
+        stalled_body = connect(port)
+        stalled_body.sendall(b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 100\r\n\r\n{")
+        dribbled_head, dribbled_body, crlfs = connect(port), connect(port), connect(port)
+        dribbled_body.sendall(b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 100000\r\n\r\n")
+        head = b"POST / HTTP/1.1\r\nhost: h\r\nx-pad: " + b"a" * 10_000
+        waiting = asyncio.gather(*(closed(s) for s in (stalled_head, stalled_body, dribbled_head, dribbled_body)))
+        sent = 0
+        while not waiting.done():
+            sent += dribble(dribbled_head, head[sent:sent + 1])
+            dribble(dribbled_body, b"x")
+            dribble(crlfs, b"\r\n")
+            await asyncio.sleep(0.02)
+        answers = await waiting
+        assert answers[0].startswith(b"HTTP/1.1 408 Request Timeout") and answers[2].startswith(b"HTTP/1.1 408")
+        assert answers[1] == answers[3] == b""  # their requests had begun: the app hears them leave
+        assert len(bodies) == 2 and all(b["gone"] for b in bodies)
+        stalled, dribbled = sorted(len(b["body"]) for b in bodies)
+        assert stalled == 1 and dribbled < 100_000
+        # CRLFs before a request line are no request: the keep-alive clock runs (uvicorn's
+        # 60 s here), not the read timeout, and nothing is held beyond it.
+        assert not read_now(crlfs).endswith(b"<EOF>")
+        for connection in list(server.server_state.connections):
+            assert connection.idle_since is not None
+        # A client that takes its time within the limits is served.
+        patient = connect(port)
+        for piece in (b"POST / HTTP/1.1\r\nhost: h\r\n", b"content-length: 2\r\n\r\n", b"o", b"k"):
+            patient.sendall(piece)
+            await asyncio.sleep(0.3)
+        patient.shutdown(socket.SHUT_WR)
+        assert (await closed(patient)).startswith(b"HTTP/1.1 200 OK")
+        assert bodies[-1] == {"gone": False, "body": b"ok"}
+        for sock in (stalled_head, stalled_body, dribbled_head, dribbled_body, crlfs, patient):
+            sock.close()
+
+
+async def test_trailer_fields_are_not_merged_into_the_headers_and_are_capped() -> None:
+    """RFC 9110 §6.5.1: trailer fields (after a chunked body) must not join the header section
+    the policies judged. Merged, they reached the app as headers, beyond the 64 KiB cap."""
+    seen: list[dict[str, Any]] = []
+    async with serving(echo_app(seen)) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"2\r\nok\r\n0\r\nauthorization: Bearer smuggled\r\nhost: evil\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"ok")
+        assert seen[0]["headers"] == {b"host": b"h", b"transfer-encoding": b"chunked"}
+        writer.close()
+
+        flood = connect(port)
+        flood.sendall(b"POST / HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+        field = b"x-trailer: " + b"t" * 1000 + b"\r\n"
+        for _ in range(2 * MAX_HEADER_BYTES // len(field)):
+            if not dribble(flood, field * 4):
+                break
+            await asyncio.sleep(0)
+        dribble(flood, b"\r\n")
+        assert b"200 OK" not in await closed(flood)
+        assert all(name == b"host" or name == b"transfer-encoding" for answer in seen for name in answer["headers"])
+        flood.close()
+
+
+async def test_pipelining_is_read_ahead_only_so_far() -> None:
+    """One read of tiny pipelined requests used to queue every one of them (each parsed request
+    costs ~45x its bytes); past MAX_PIPELINED waiting the connection is closed instead."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started.append(scope["path"])
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with serving(app) as (port, server):
+        ok = connect(port)
+        ok.sendall(b"".join(b"GET /%d HTTP/1.1\r\nhost: h\r\n\r\n" % i for i in range(MAX_PIPELINED + 1)))
+        flood = connect(port)
+        flood.sendall(b"".join(b"GET /%d HTTP/1.1\r\nhost: h\r\n\r\n" % i for i in range(10 * MAX_PIPELINED)))
+        assert await closed(flood) == b""
+        await asyncio.sleep(0.1)
+        assert [len(c.waiting) for c in server.server_state.connections] == [MAX_PIPELINED]
+        release.set()
+        answers = b""
+        async with asyncio.timeout(10):
+            while answers.count(b"HTTP/1.1 200 OK") < MAX_PIPELINED + 1:
+                answers += read_now(ok)
+                await asyncio.sleep(0.02)
+        assert not answers.endswith(b"<EOF>")
+        ok.close()
+        flood.close()
+
+
+async def test_a_pipelined_head_after_a_large_body_is_not_mistaken_for_a_large_head() -> None:
+    """The chunk a head begins in may end a previous request's large body: counted whole
+    against the head's 64 KiB, it got a legitimate pipelined request a 431 and the connection
+    closed under the first one."""
+    async with serving(echo_app()) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        big = b"b" * (MAX_HEADER_BYTES + 4096)
+        writer.write(b"POST /1 HTTP/1.1\r\nhost: h\r\ncontent-length: %d\r\n\r\n%s" % (len(big), big)
+                     + b"POST /2 HTTP/1.1\r\nhost: h\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"content-length: 2\r\n\r\nok")
+        assert (await read_response(reader))[::2] == (b"HTTP/1.1 200 OK", big)
+        assert (await read_response(reader))[::2] == (b"HTTP/1.1 200 OK", b"ok")
+        writer.close()
+
+
+async def test_the_gateway_cuts_off_a_client_that_never_finishes_its_request() -> None:
+    """The same against the whole gateway on its production uvicorn configuration: a POST to
+    /mcp whose head or body stops held its connection, and the request task waiting in the
+    endpoint's body read, until a shutdown had to cancel it."""
+    options = {"http": functools.partial(Http11Protocol, read_timeout_seconds=1), "timeout_keep_alive": 60}
+    async with running_gateway({"backends": []}, discover=False, uvicorn_options=options) as gw:
+        head = connect(gw.port)
+        head.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n")
+        body = connect(gw.port)
+        body.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n{")
+        answers = await asyncio.gather(closed(head), closed(body))
+        # The unfinished head is answered 408; the unfinished body's request hears its client
+        # leave (its own answer, if any, is the endpoint's business).
+        assert answers[0].startswith(b"HTTP/1.1 408") and answers[1] == b""
+        head.close()
+        body.close()
+
+
+async def test_a_body_answered_before_it_was_read_is_dropped_and_the_connection_carries_on() -> None:
+    """An app that answers without reading the body (a 413 decided from Content-Length): the
+    rest of the body is dropped as it arrives, not buffered until reading pauses for good, and
+    the next request on the connection is served."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        status = 413 if scope["path"] == "/big" else 200
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with serving(app, read_timeout_seconds=5) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        size = 4 * 1024 * 1024
+        writer.write(b"POST /big HTTP/1.1\r\nhost: h\r\ncontent-length: %d\r\n\r\n" % size)
+        assert (await read_response(reader))[0] == b"HTTP/1.1 413 Request Entity Too Large"
+        writer.write(b"x" * size + b"GET /next HTTP/1.1\r\nhost: h\r\n\r\n")
+        assert (await read_response(reader))[0] == b"HTTP/1.1 200 OK"
+        writer.close()
+
+
+async def test_the_access_log_cannot_be_forged_through_the_path() -> None:
+    """The path reaches the app percent-decoded; logged so, a `%0D%0A` in it wrote a line of the
+    client's choosing into the access log (log forging). Logged quoted, as uvicorn does."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("uvicorn.access")
+    handler = Collect()
+    async with serving(echo_app(), access_log=True) as (port, _):
+        logger.addHandler(handler)
+        level, logger.level = logger.level, logging.INFO
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /x%0D%0A10.0.0.1:1%20-%20%22GET%20/admin%20HTTP/1.1%22%20200 HTTP/1.1\r\nhost: h\r\n\r\n")
+            assert (await read_response(reader))[0] == b"HTTP/1.1 200 OK"
+            writer.close()
+        finally:
+            logger.removeHandler(handler)
+            logger.level = level
+    assert len(lines) == 1 and "\r" not in lines[0] and "\n" not in lines[0]
+    assert "/x%0D%0A10.0.0.1" in lines[0]

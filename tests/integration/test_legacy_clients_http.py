@@ -427,3 +427,40 @@ async def test_get_streams_need_event_stream_accept_and_are_one_per_session(sett
             second = await http.get(gw.url, headers=hdrs(session, accept="text/event-stream"))
             # L-TR §Multiple Connections: a message goes to one stream; a second would starve.
             assert second.status_code == 409 and second.json()["error"]["code"] == -32600
+
+
+async def test_a_session_cannot_pile_up_work_it_walked_away_from(settings):
+    """A dropped stream does not cancel its request (L-TR), so each POST could leave work
+    behind: a task, a backend call, an input request parked for up to the input timeout. A
+    session has at most MAX_IN_FLIGHT_PER_SESSION of them, and a request id still in flight
+    cannot be reused to start more untracked (L-BASIC: ids are unique within a session)."""
+    from gateway.legacy_clients.server import MAX_IN_FLIGHT_PER_SESSION
+
+    body = lambda i: rpc("tools/call", {"name": "test_elicitation", "arguments": {"message": "Name?"}}, id=i)  # noqa: E731
+
+    async def walk_away(http: httpx.AsyncClient, url: str, session: str, i: int) -> dict[str, Any] | None:
+        async with http.stream("POST", url, content=body(i), headers=hdrs(session)) as response:
+            if not response.headers["content-type"].startswith("text/event-stream"):
+                return json.loads(await response.aread())
+            async for _, data in sse_events(response):
+                if data and json.loads(data).get("method") == "elicitation/create":
+                    return None  # the work now waits for an answer that never comes
+        raise AssertionError("the stream ended without asking")
+
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as http:
+        session = await initialize(http, gw.url, capabilities={"elicitation": {}})
+        live = gw.app.legacy_clients.sessions.get(session, "|anonymous")
+        for i in range(MAX_IN_FLIGHT_PER_SESSION):
+            assert await walk_away(http, gw.url, session, i) is None
+        assert len(live.in_flight) == MAX_IN_FLIGHT_PER_SESSION
+        refused = await walk_away(http, gw.url, session, MAX_IN_FLIGHT_PER_SESSION)
+        assert refused is not None and refused["error"]["code"] == -31004
+        assert refused["id"] == MAX_IN_FLIGHT_PER_SESSION
+        # Ending one makes room; reusing the id of one still waiting does not.
+        cancel = await http.post(gw.url, content=rpc("notifications/cancelled", {"requestId": 0}, id=None),
+                                 headers=hdrs(session))
+        assert cancel.status_code == 202
+        reused = await walk_away(http, gw.url, session, 1)
+        assert reused is not None and reused["error"]["code"] == -32600 and "in flight" in reused["error"]["message"]
+        assert await walk_away(http, gw.url, session, 0) is None
+        assert len(live.in_flight) == MAX_IN_FLIGHT_PER_SESSION

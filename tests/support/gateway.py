@@ -35,8 +35,8 @@ class RunningGateway:
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(settings: GatewaySettings | dict[str, Any], *, discover: bool = True
-                          ) -> AsyncIterator[RunningGateway]:
+async def running_gateway(settings: GatewaySettings | dict[str, Any], *, discover: bool = True,
+                          uvicorn_options: dict[str, Any] | None = None) -> AsyncIterator[RunningGateway]:
     if isinstance(settings, dict):
         settings = load_settings(None, **settings)
     # IPPROTO_TCP: asyncio sets TCP_NODELAY only when the socket's proto says TCP; without it
@@ -47,8 +47,8 @@ async def running_gateway(settings: GatewaySettings | dict[str, Any], *, discove
     port = sock.getsockname()[1]
     app = build_app(settings)
     # The production uvicorn configuration (its HTTP protocol included), minus logging noise.
-    server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn_config(app, settings, **{"log_level": "warning", "access_log": False,
+                                                             "timeout_graceful_shutdown": 2, **(uvicorn_options or {})}))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

@@ -321,3 +321,19 @@ async def test_no_auth_principal_is_a_hash_of_the_credentials():
     assert one != two and none == ANONYMOUS
     assert "one" not in one.key and one == credential_principal(b"Bearer one")
 
+
+
+@pytest.mark.parametrize(("verb", "path"), [("POST", "/sse/messages"), ("GET", "/sse"), ("GET", "/mcp"),
+                                            ("DELETE", "/mcp"), ("POST", "/elsewhere")])
+async def test_mcp_method_chooses_scopes_only_on_a_post_to_the_mcp_endpoint(issuer, verb, path):
+    """Only a POST to the MCP endpoint has its Mcp-Method checked against the body (SHTTP
+    §Server Validation); anywhere else a declared cheap method must not lower the scopes."""
+    auth = auth_settings(issuer, method_scopes={"tools/call": ["mcp:tools"]})
+    policy = JwtAuth(Downstream(), auth=auth, mcp_path="/mcp")
+    headers = {**MODERN, "mcp-method": "tools/list", "authorization": f"Bearer {issuer.token(scope='')}"}
+    async with client_for(policy) as client:
+        refused = await client.request(verb, path, headers=headers)
+        trusted = await client.post("/mcp/", headers=headers, content=b"{}")
+    assert refused.status_code == 403
+    assert 'scope="mcp:tools"' in challenge(refused)
+    assert trusted.status_code == 200

@@ -55,6 +55,13 @@ async def call(app, headers: dict[str, str], scope_type: str = "http") -> tuple[
         ("file://", "gw.example", False),
         ("chrome-extension://abc", "gw.example", False),
         ("https://evil.example", None, False),
+        # Not serialized origins: urlsplit finds a loopback host in each, a browser sends none
+        # of them. Two Origin headers arrive joined by ", " (asgi.header_dict).
+        ("http://localhost:80, https://evil.example", "gw.example", False),
+        ("http://evil.example@127.0.0.1", "gw.example", False),
+        ("http://localhost/elsewhere", "gw.example", False),
+        ("http://localhost:99999", "gw.example", False),
+        ("http://localhost:8080/", "gw.example", True),
     ],
 )
 async def test_origin(origin, host, allowed):
@@ -108,6 +115,10 @@ async def test_non_http_scopes_pass_through():
         ("localhost.evil.example", False),
         ("10.0.0.1", False),
         ("", False),
+        ("[::1]evil.example", False),  # only ":port" may follow an IPv6 literal
+        ("[::1]:80x", False),
+        ("[::1", False),
+        ("localhost, evil.example", False),  # two Host headers, joined
     ],
 )
 async def test_loopback_host(host, allowed):
