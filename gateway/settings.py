@@ -132,6 +132,10 @@ class BackendSettings(_Frozen):
     # before any byte reached the client.
     retries: Annotated[int, Field(ge=0, le=5)] = 1
     max_connections: Annotated[int, Field(gt=0)] = 256
+    # The largest answer read from this backend: a JSON body, or one event of a stream. A
+    # larger one fails the call (-31003) and its connection is closed, so that a broken or
+    # hostile backend cannot make the gateway buffer without bound.
+    max_response_bytes: Annotated[int, Field(gt=0)] = 32 * 1024 * 1024
     # Initialize-era backends (docs/legacy.md). They send no caching hints, so the gateway
     # adds these to their cacheable results (digest §e: the hints are required).
     default_ttl_ms: Annotated[int, Field(ge=0)] = 0

@@ -38,12 +38,23 @@ log = logging.getLogger("gateway.backends.http1")
 
 # An idle pooled connection older than this is closed, not reused (_Pool says why).
 KEEPALIVE_EXPIRY_SECONDS = 4.0
+# The largest answer read from a backend (BackendSettings.max_response_bytes).
+DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 # Stop reading the socket while this much of a streamed body waits for its consumer.
 _HIGH_WATER = 256 * 1024
 
 
 class UpstreamConnectionError(Exception):
     """The connection failed or closed before the response was complete."""
+
+
+class ResponseTooLarge(UpstreamConnectionError):
+    """The answer (a whole body, or one SSE event) passed the backend's `max_response_bytes`:
+    the connection is closed rather than read on, so that a broken or hostile backend cannot
+    make the gateway buffer without bound."""
+
+    def __init__(self, limit: int, what: str = "the answer") -> None:
+        super().__init__(f"{what} exceeds {limit} bytes (backends[].max_response_bytes)")
 
 
 class _Connection(asyncio.Protocol):
@@ -261,10 +272,16 @@ class UpstreamResponse:
         """The whole body; the connection goes back to the pool. Buffered bytes are taken as
         they come, so a body larger than the flow-control mark keeps the socket reading."""
         parts: list[bytes] = []
+        size, limit = 0, self._client.max_response_bytes
         try:
             while True:
                 if self._chunks:
-                    parts.append(self._take())
+                    part = self._take()
+                    parts.append(part)
+                    size += len(part)
+                    if size > limit:
+                        self._connection.close()  # the rest is not read
+                        raise ResponseTooLarge(limit)
                 if self.complete:
                     return parts[0] if len(parts) == 1 else b"".join(parts)
                 await self._wait()
@@ -285,9 +302,12 @@ class UpstreamResponse:
         """Parsed JSON payloads of the stream's `message` events, as they arrive. Closing the
         iterator closes the connection (the backend sees the modern cancellation)."""
         try:
-            async with contextlib.aclosing(sse.json_payloads(self.iter_chunks(), f"backend {self.backend}")) as payloads:
+            async with contextlib.aclosing(sse.json_payloads(
+                    self.iter_chunks(), f"backend {self.backend}", self._client.max_response_bytes)) as payloads:
                 async for payload in payloads:
                     yield payload
+        except sse.EventTooLarge:
+            raise ResponseTooLarge(self._client.max_response_bytes, "an SSE event") from None
         finally:
             self.close()
 
@@ -295,8 +315,14 @@ class UpstreamResponse:
         """(event type, data) pairs of an SSE body as they arrive; `decoder` keeps the last
         event id and `retry:` for a reader that resumes (the legacy transport). Ends at the end
         of the body; the caller releases or closes the response."""
+        limit = self._client.max_response_bytes
         async for chunk in self.iter_chunks():
-            for event in decoder.feed(chunk):
+            events = decoder.feed(chunk)
+            if decoder.pending_bytes > limit:
+                raise ResponseTooLarge(limit, "an SSE event")
+            for event in events:
+                if len(event[1]) > limit:  # whole within one chunk
+                    raise ResponseTooLarge(limit, "an SSE event")
                 yield event
 
     async def finish(self, timeout: float) -> None:
@@ -409,8 +435,10 @@ class Http1Client:
     """
 
     def __init__(self, backend: str, *, max_connections: int, connect_timeout: float,
-                 keepalive_expiry: float = KEEPALIVE_EXPIRY_SECONDS) -> None:
+                 keepalive_expiry: float = KEEPALIVE_EXPIRY_SECONDS,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.backend = backend
+        self.max_response_bytes = max_response_bytes  # a whole body, or one SSE event
         self._keepalive_expiry = keepalive_expiry
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import orjson
 
 from gateway.backends.base import Backend, Message, Reply
-from gateway.backends.http1 import Http1Client, UpstreamConnectionError, UpstreamResponse
+from gateway.backends.http1 import Http1Client, ResponseTooLarge, UpstreamConnectionError, UpstreamResponse
 from gateway.observability import tracing
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -43,7 +43,8 @@ class ModernHttpBackend(Backend):
         # The lean client, not upstream.py's aiohttp one: this is the pass-through hot path
         # (http1.py says what it measured).
         self._client = Http1Client(settings.name, max_connections=settings.max_connections,
-                                   connect_timeout=settings.connect_timeout_seconds)
+                                   connect_timeout=settings.connect_timeout_seconds,
+                                   max_response_bytes=settings.max_response_bytes)
         # Built once; each call copies it and adds its own headers.
         self._base_headers = {"content-type": "application/json", "accept": _ACCEPT, **settings.headers}
 
@@ -94,6 +95,8 @@ class ModernHttpBackend(Backend):
             body = await response.read()
         except TimeoutError:
             raise rpc.backend_timeout(self.name, self.settings.timeout_seconds, call.id) from None
+        except ResponseTooLarge as exc:
+            raise rpc.backend_protocol_error(self.name, str(exc), call.id) from None
         except UpstreamConnectionError as exc:
             raise rpc.backend_unavailable(self.name, str(exc), call.id) from None
 
@@ -185,6 +188,8 @@ class ModernHttpBackend(Backend):
                         yield item
         except TimeoutError:
             raise rpc.backend_timeout(self.name, self.settings.timeout_seconds, call.id) from None
+        except ResponseTooLarge as exc:
+            raise rpc.backend_protocol_error(self.name, str(exc), call.id) from None
         except UpstreamConnectionError as exc:
             raise rpc.backend_unavailable(self.name, f"stream broke: {exc}", call.id) from None
         finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.backends.http1 import DEFAULT_MAX_RESPONSE_BYTES, ResponseTooLarge
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -24,11 +25,12 @@ log = logging.getLogger("gateway.backends.upstream")
 
 
 class UpstreamResponse:
-    __slots__ = ("_response", "backend", "status", "content_type")
+    __slots__ = ("_response", "backend", "content_type", "max_bytes", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse, backend: str) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, backend: str, max_bytes: int) -> None:
         self._response = response
         self.backend = backend
+        self.max_bytes = max_bytes  # a whole body, or one SSE event (http1.ResponseTooLarge)
         self.status = response.status
         self.content_type = (response.content_type or "").lower()
 
@@ -37,8 +39,14 @@ class UpstreamResponse:
         return self._response.headers
 
     async def read(self) -> bytes:
+        body = bytearray()
         try:
-            return await self._response.read()
+            async for chunk in self._response.content.iter_any():
+                body += chunk
+                if len(body) > self.max_bytes:
+                    self._response.close()  # the rest is not read
+                    raise ResponseTooLarge(self.max_bytes)
+            return bytes(body)
         finally:
             self._response.release()
 
@@ -46,9 +54,12 @@ class UpstreamResponse:
         """Parsed JSON payloads of the stream's `message` events, as they arrive. Closing the
         iterator closes the connection (the backend sees the modern cancellation)."""
         try:
-            async with contextlib.aclosing(sse.json_payloads(self._response.content.iter_any(), f"backend {self.backend}")) as payloads:
+            async with contextlib.aclosing(sse.json_payloads(
+                    self._response.content.iter_any(), f"backend {self.backend}", self.max_bytes)) as payloads:
                 async for payload in payloads:
                     yield payload
+        except sse.EventTooLarge:
+            raise ResponseTooLarge(self.max_bytes, "an SSE event") from None
         finally:
             self._response.close()
 
@@ -57,7 +68,12 @@ class UpstreamResponse:
         event id and `retry:` for a reader that resumes. Ends at the end of the body; the
         caller releases or closes the response."""
         async for chunk in self._response.content.iter_any():
-            for event in decoder.feed(chunk):
+            events = decoder.feed(chunk)
+            if decoder.pending_bytes > self.max_bytes:
+                raise ResponseTooLarge(self.max_bytes, "an SSE event")
+            for event in events:
+                if len(event[1]) > self.max_bytes:  # whole within one chunk
+                    raise ResponseTooLarge(self.max_bytes, "an SSE event")
                 yield event
 
     async def finish(self, timeout: float) -> None:
@@ -80,8 +96,10 @@ class UpstreamResponse:
 class UpstreamClient:
     """POSTs to one backend over a keep-alive pool."""
 
-    def __init__(self, backend: str, *, max_connections: int, connect_timeout: float) -> None:
+    def __init__(self, backend: str, *, max_connections: int, connect_timeout: float,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.backend = backend
+        self.max_response_bytes = max_response_bytes
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
@@ -111,7 +129,7 @@ class UpstreamClient:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout, sock_read=read_timeout)
         response = await session.request(method, url, data=body, headers=headers, timeout=timeout,
                                          allow_redirects=False)
-        return UpstreamResponse(response, self.backend)
+        return UpstreamResponse(response, self.backend, self.max_response_bytes)
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
                       read_timeout: float | None, request_id: rpc.RequestId | None = None) -> UpstreamResponse:
@@ -128,7 +146,7 @@ class UpstreamClient:
             ) from None
         except aiohttp.ClientError as exc:
             raise rpc.backend_unavailable(self.backend, describe(exc), request_id) from None
-        return UpstreamResponse(response, self.backend)
+        return UpstreamResponse(response, self.backend, self.max_response_bytes)
 
     async def aclose(self) -> None:
         if self._session is not None:

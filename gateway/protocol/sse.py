@@ -42,20 +42,37 @@ class Decoder:
     backend transport (GET + Last-Event-ID, L-TR §Resumability); modern relaying ignores them.
     """
 
-    __slots__ = ("_buffer", "_data", "_event", "_has_data", "_id", "last_event_id", "retry_ms")
+    __slots__ = ("_data", "_data_bytes", "_event", "_has_data", "_id", "_pending", "_pending_bytes",
+                 "last_event_id", "retry_ms")
 
     def __init__(self) -> None:
-        self._buffer = b""
+        # Bytes of a line not yet ended, kept as the chunks that brought them: joined only once a
+        # line ends, so a long line arriving in many chunks is not copied once per chunk.
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._data: list[str] = []
+        self._data_bytes = 0
         self._event = ""
         self._has_data = False
         self._id: str | None = None
         self.last_event_id: str | None = None
         self.retry_ms: int | None = None
 
+    @property
+    def pending_bytes(self) -> int:
+        """The size of the event being received: its data lines so far and the line not yet
+        ended. A reader bounds it (`max_response_bytes`): nothing else would."""
+        return self._pending_bytes + self._data_bytes
+
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        pending = self._pending
+        if b"\n" not in chunk and b"\r" not in chunk and not (pending and pending[-1].endswith(b"\r")):
+            if chunk:  # no line ends here: nothing to parse yet
+                pending.append(chunk)
+                self._pending_bytes += len(chunk)
+            return []
         events: list[tuple[str, str]] = []
-        buffer = self._buffer + chunk
+        buffer = b"".join((*pending, chunk)) if pending else chunk
         start = 0
         size = len(buffer)
         while start < size:
@@ -74,7 +91,9 @@ class Decoder:
             if event is not None:
                 events.append(event)
             start = nxt
-        self._buffer = buffer[start:]
+        rest = buffer[start:]
+        self._pending = [rest] if rest else []
+        self._pending_bytes = len(rest)
         return events
 
     def _line(self, line: str) -> tuple[str, str] | None:
@@ -87,7 +106,7 @@ class Decoder:
                 self._event = ""
                 return None
             event = (self._event or "message", "\n".join(self._data))
-            self._data, self._event, self._has_data = [], "", False
+            self._data, self._data_bytes, self._event, self._has_data = [], 0, "", False
             return event
         if line.startswith(":"):
             return None  # comment (keep-alive)
@@ -96,6 +115,7 @@ class Decoder:
             value = value[1:]
         if field == "data":
             self._data.append(value)
+            self._data_bytes += len(value)
             self._has_data = True
         elif field == "event":
             self._event = value
@@ -106,13 +126,23 @@ class Decoder:
         return None
 
 
-async def json_payloads(chunks: AsyncIterator[bytes], source: str) -> AsyncIterator[Any]:
+class EventTooLarge(ValueError):
+    """One event grew past the reader's bound before it ended."""
+
+
+async def json_payloads(chunks: AsyncIterator[bytes], source: str, max_event_bytes: int | None = None
+                        ) -> AsyncIterator[Any]:
     """The parsed JSON of each `message` event in a byte stream, as it arrives. Priming
     events (empty data), other event types and non-JSON data are skipped (the last logged,
-    naming `source`)."""
+    naming `source`). An event larger than `max_event_bytes` raises EventTooLarge."""
     decoder = Decoder()
     async for chunk in chunks:
-        for event, data in decoder.feed(chunk):
+        events = decoder.feed(chunk)
+        if max_event_bytes is not None and decoder.pending_bytes > max_event_bytes:
+            raise EventTooLarge(max_event_bytes)
+        for event, data in events:
+            if max_event_bytes is not None and len(data) > max_event_bytes:
+                raise EventTooLarge(max_event_bytes)  # whole within one chunk
             if event != "message" or not data:
                 continue
             try:

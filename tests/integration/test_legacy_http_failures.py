@@ -323,6 +323,30 @@ async def test_a_post_answer_that_is_no_json_rpc_answer_is_a_gateway_error(flaky
     assert len(server.requests("initialize")) == 1  # the session survived its bad answer
 
 
+async def _huge_json(answer: Answer) -> None:
+    await answer.json(result(answer.message, "x" * 8192))
+
+
+async def _huge_event(answer: Answer) -> None:
+    await answer.sse()
+    await answer.event(id="e1", retry=20)
+    await answer.event(result(answer.message, "x" * 8192), id="e2")
+    await answer.end()
+
+
+@pytest.mark.parametrize("handler", [_huge_json, _huge_event], ids=["json", "sse-event"])
+async def test_an_answer_past_max_response_bytes_is_refused_and_not_resumed(flaky, handler):
+    """Past `max_response_bytes` the answer is not read on (-31003 naming the setting), and a
+    stream is not resumed: a resume would only fetch the same event again."""
+    server, url = flaky
+    server.tools["huge"] = handler
+    async with running_gateway(settings(url, max_response_bytes=4096)) as gw, httpx.AsyncClient(timeout=30) as http:
+        error = gateway_error(await call(http, gw, "huge"), 502, -31003)
+        assert "exceeds 4096 bytes (backends[].max_response_bytes)" in error["message"]
+        await still_serves(http, gw)
+    assert server.gets() == []
+
+
 # -- a POST stream cut before its response (http.py `_read_stream`) ----------------------------
 
 

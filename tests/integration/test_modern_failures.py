@@ -437,6 +437,65 @@ async def test_a_quiet_stream_gets_keepalive_comments() -> None:
                                           "result": {"resultType": "complete", "content": []}}]
 
 
+# -- answers too large to buffer ----------------------------------------------------------------
+
+
+LIMIT = 4096  # backends[].max_response_bytes for these tests
+BIG = b"x" * (2 * LIMIT)
+
+
+def _chunked_json(reader: Reader, writer: Writer, msg: dict[str, Any]) -> Awaitable[bool]:
+    """A JSON answer without a length (chunked), larger than the limit."""
+    async def script() -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+                     + sse_chunk(orjson.dumps(result(msg["id"], pad=BIG.decode()))) + SSE_END)
+        return True
+    return script()
+
+
+def _huge_event(reader: Reader, writer: Writer, msg: dict[str, Any]) -> Awaitable[bool]:
+    """A stream whose one event is larger than the limit, sent whole."""
+    async def script() -> bool:
+        writer.write(SSE_HEAD + event(progress(1)) + event(result(msg["id"], pad=BIG.decode())) + SSE_END)
+        return True
+    return script()
+
+
+def _endless_line(reader: Reader, writer: Writer, msg: dict[str, Any]) -> Awaitable[bool]:
+    """A stream whose data line never ends: it must not be buffered for ever."""
+    async def script() -> bool:
+        writer.write(SSE_HEAD + sse_chunk(b"data: "))
+        for _ in range(2 * LIMIT // 256 + 1):
+            writer.write(sse_chunk(b"y" * 256))
+            await writer.drain()
+        await asyncio.sleep(5)  # still "sending" when the gateway gives up on it
+        return False
+    return script()
+
+
+@pytest.mark.parametrize(("script", "streamed"), [
+    (answer(200, b"application/json", orjson.dumps(result(1, pad=BIG.decode()))), False),
+    (_chunked_json, False),
+    (_huge_event, True),
+    (_endless_line, True),
+], ids=["json", "chunked-json", "sse-event", "sse-endless-line"])
+async def test_an_answer_larger_than_max_response_bytes_is_refused_unbuffered(script: Script, streamed: bool):
+    """A broken or hostile backend cannot make the gateway buffer without bound: past
+    `max_response_bytes` (a whole JSON body, or one SSE event) the call fails with -31003 naming
+    the setting, the connection is closed, and the next call is served."""
+    async with gateway_before(("raw", RawBackend({"huge": script}), {"max_response_bytes": LIMIT})) as (gw, client):
+        response = await call(client, gw, "huge")
+        if streamed:
+            assert response.status_code == 200, response.text
+            final = mcp_http.sse_messages(response.text)[-1]
+            assert final["id"] == 1 and final["error"]["code"] == -31003, final
+            message = final["error"]["message"]
+        else:
+            message = gateway_error(response, 502, -31003)
+        assert f"exceeds {LIMIT} bytes (backends[].max_response_bytes)" in message
+        await still_serving(client, gw)
+
+
 # -- results the client cannot take ------------------------------------------------------------
 
 

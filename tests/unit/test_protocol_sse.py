@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -69,3 +70,39 @@ def test_last_event_id_and_retry_are_kept_for_resumption():
     assert decoder.last_event_id == "8"
     decoder.feed(b"id: 9\nretry: soon\n")  # not dispatched yet; a non-numeric retry is ignored
     assert (decoder.last_event_id, decoder.retry_ms) == ("8", 250)
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)),
+                        min_size=1, max_size=20), min_size=1, max_size=5),
+       st.integers(min_value=1, max_value=7))
+def test_any_chunking_of_bare_cr_line_endings_yields_the_same_events(payloads, step):
+    # A CR at the end of a chunk may be half of a CRLF: the line is held until the next byte.
+    # (The stream's very last CR stays ambiguous for ever: the final blank line ends in CRLF.)
+    stream = b"".join(f"data: {p}\r\r".encode() for p in payloads) + b"\n"
+    chunked = decode_all(*(stream[i : i + step] for i in range(0, len(stream), step)))
+    assert chunked == [("message", p) for p in payloads]
+
+
+def test_pending_bytes_is_the_event_not_yet_dispatched():
+    decoder = sse.Decoder()
+    assert decoder.feed(b"data: abc") == [] and decoder.pending_bytes == 9  # a line not ended
+    assert decoder.feed(b"def\ndata: gh\n") == [] and decoder.pending_bytes == len("abcdef") + len("gh")
+    assert decoder.feed(b"\n") == [("message", "abcdef\ngh")] and decoder.pending_bytes == 0
+
+
+async def test_json_payloads_refuses_an_event_past_its_bound():
+    async def chunks(*parts: bytes):
+        for part in parts:
+            yield part
+
+    small = [p async for p in sse.json_payloads(chunks(b'data: {"a": 1}\n\n'), "test", max_event_bytes=64)]
+    assert small == [{"a": 1}]
+    for parts in ([b"data: " + b"1" * 100], [b"data: " + b"1" * 100 + b"\n\n"]):  # growing, or whole
+        with pytest.raises(sse.EventTooLarge):
+            [p async for p in sse.json_payloads(chunks(*parts), "test", max_event_bytes=64)]
+
+
+def test_a_held_cr_is_a_line_end_as_soon_as_the_next_byte_is_not_lf():
+    decoder = sse.Decoder()
+    assert decoder.feed(b"data: a\r\r") == []  # the last CR may be half of a CRLF
+    assert decoder.feed(b"x") == [("message", "a")]  # it was not: the event ends here, not later

@@ -208,6 +208,9 @@ class HttpSession(LegacySession):
             return
         try:
             body = await response.read()
+        except http1.ResponseTooLarge as exc:
+            exchange.fail(rpc.backend_protocol_error(self.backend, str(exc)))
+            return
         except READ_ERRORS as exc:
             exchange.fail(rpc.backend_unavailable(self.backend, describe(exc)))
             return
@@ -242,6 +245,9 @@ class HttpSession(LegacySession):
                         return
             except asyncio.TimeoutError:
                 exchange.fail(rpc.backend_timeout(self.backend, self.timeout))
+                return
+            except http1.ResponseTooLarge as exc:
+                exchange.fail(rpc.backend_protocol_error(self.backend, str(exc)))  # a resume would resend it
                 return
             except _BROKEN as exc:
                 broke = describe(exc)

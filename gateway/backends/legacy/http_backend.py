@@ -26,9 +26,11 @@ class LegacyHttpBackend(LegacyBackend):
         # POSTs over the lean client of modern backends (http1.py says what aiohttp cost); the
         # GET stream and DELETE over aiohttp (upstream.py says why not httpx).
         self._posts = Http1Client(settings.name, max_connections=settings.max_connections,
-                                  connect_timeout=settings.connect_timeout_seconds)
+                                  connect_timeout=settings.connect_timeout_seconds,
+                                  max_response_bytes=settings.max_response_bytes)
         self._client = UpstreamClient(settings.name, max_connections=settings.max_connections,
-                                      connect_timeout=settings.connect_timeout_seconds)
+                                      connect_timeout=settings.connect_timeout_seconds,
+                                      max_response_bytes=settings.max_response_bytes)
 
     async def aclose(self) -> None:
         await super().aclose()

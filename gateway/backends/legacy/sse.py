@@ -193,9 +193,11 @@ class LegacySseBackend(LegacyBackend):
         assert settings.url is not None
         self.url = settings.url
         self._posts = http1.Http1Client(settings.name, max_connections=settings.max_connections,
-                                        connect_timeout=settings.connect_timeout_seconds)
+                                        connect_timeout=settings.connect_timeout_seconds,
+                                        max_response_bytes=settings.max_response_bytes)
         self._streams = UpstreamClient(settings.name, max_connections=settings.session_pool_size + 1,
-                                       connect_timeout=settings.connect_timeout_seconds)
+                                       connect_timeout=settings.connect_timeout_seconds,
+                                       max_response_bytes=settings.max_response_bytes)
         self._renewals: set[asyncio.Task[Any]] = set()
 
     async def aclose(self) -> None:
