@@ -98,7 +98,7 @@ class SseSession(LegacySession):
             return await holder.next(self.timeout)
         except SessionExpired:
             raise rpc.backend_protocol_error(
-                self.backend, f"the endpoint {self.endpoint} does not know the session it just named") from None
+                self.backend, "the message endpoint it named does not know its session") from None
         finally:
             self.forget(holder)
 
@@ -116,13 +116,15 @@ class SseSession(LegacySession):
     # -- the stream -------------------------------------------------------------------------
 
     async def _connect(self) -> str:
-        """Open the GET stream and wait for its `endpoint` event; the reader keeps running."""
+        """Open the GET stream and wait for its `endpoint` event; the reader keeps running.
+        Errors name the backend, never its URLs: they reach clients and the open `/readyz`,
+        and a URL may carry credentials or (the message endpoint) the session id."""
         headers = {**self.static_headers, "accept": "text/event-stream"}
         response = await self.client.request("GET", self.url, headers, read_timeout=None)
         if response.status != 200 or response.content_type != "text/event-stream":
             response.close()
             raise rpc.backend_protocol_error(
-                self.backend, f"GET {self.url}: HTTP {response.status} ({response.content_type or 'no body type'}),"
+                self.backend, f"the SSE stream's GET: HTTP {response.status} ({response.content_type or 'no body type'}),"
                               " not an HTTP+SSE stream")
         endpoint: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._reader = asyncio.ensure_future(self._read(response, endpoint))
@@ -132,7 +134,7 @@ class SseSession(LegacySession):
         except TimeoutError:
             self._reader.cancel()
             raise rpc.backend_protocol_error(
-                self.backend, f"GET {self.url}: no endpoint event within {self.connect_timeout:g}s") from None
+                self.backend, f"the SSE stream's GET: no endpoint event within {self.connect_timeout:g}s") from None
 
     async def _read(self, response: UpstreamResponse, endpoint: asyncio.Future[str]) -> None:
         reason = "the backend ended the SSE stream"
