@@ -116,7 +116,9 @@ class LegacyCallRunner:
                 )
             except TimeoutError:
                 for _, _, request_id, future in asked:
-                    if not future.done():
+                    # wait_for cancelled the gather and with it each future still unanswered:
+                    # `not done()` alone matched none, so the client was never told.
+                    if future.cancelled() or not future.done():
                         stream.append(
                             rpc.notification(
                                 "notifications/cancelled",

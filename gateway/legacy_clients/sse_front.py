@@ -62,6 +62,7 @@ class _Connection:
         self.closed = asyncio.Event()
         self.session_id: str | None = None  # the gateway session, once initialize succeeded
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.write_deadline: asyncio.Timeout | None = None  # of the write in progress (SseFront._pump)
 
     def push(self, event: bytes) -> None:
         try:
@@ -71,10 +72,18 @@ class _Connection:
             self.close()
 
     def close(self) -> None:
-        """End the stream: the writer stops after what it holds (at once, if the queue is full)."""
+        """End the stream: the writer stops after what it holds, and at once if the queue is
+        full or it waits on a write the client's socket does not take."""
         self.closed.set()
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
+        # A full queue (or a shutdown) finds the writer waiting on a write the client does not
+        # read, where neither `closed` nor the None reach it: without this the stream, its
+        # session and the work of every POST to it lived on until _STALLED_WRITE_SECONDS, and
+        # a shutdown waited for them.
+        deadline = self.write_deadline
+        if deadline is not None and not deadline.expired():
+            deadline.reschedule(asyncio.get_running_loop().time())
 
     def spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -180,11 +189,13 @@ class SseFront:
                 if chunk is None:
                     return
                 try:
-                    async with asyncio.timeout(_STALLED_WRITE_SECONDS):
+                    async with asyncio.timeout(_STALLED_WRITE_SECONDS) as connection.write_deadline:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 except TimeoutError:
                     log.warning("legacy SSE client %s: not reading; closing its stream", connection.id[:8])
                     return
+                finally:
+                    connection.write_deadline = None
         finally:
             gone.cancel()
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import logging
 import time
 
@@ -129,3 +132,24 @@ async def test_continuations_are_single_use_and_expire() -> None:
         await asyncio.sleep(0.01)
     assert expired == ["two"]
     assert registry.take("two") is None
+
+
+def test_an_authentic_state_with_a_malformed_payload_is_refused_as_malformed() -> None:
+    """The MAC proves only who sealed a state. A payload that verifies but is no JSON object
+    with an expiry (only a holder of the secret can make one) is a StateError, which the
+    retry turns into -32602, not an exception escaping as a 500."""
+    sealer = mrtr.StateSealer(b"secret")
+
+    def sealed(encoded: bytes) -> str:  # what StateSealer.seal does, around any body
+        mac = base64.urlsafe_b64encode(hmac.new(sealer._key, encoded, hashlib.sha256).digest()).rstrip(b"=")
+        return f"{mrtr.STATE_VERSION}.{encoded.decode()}.{mac.decode()}"
+
+    def b64(body: bytes) -> bytes:
+        return base64.urlsafe_b64encode(body).rstrip(b"=")
+
+    tokens = [sealed(b64(b"not json")), sealed(b64(b"\xff\xfe")), sealed(b"a"),  # "a" is no base64
+              sealer.seal([1, 2]),  # type: ignore[arg-type]
+              sealer.seal({"c": "abc"}), sealer.seal({"c": "abc", "exp": "tomorrow"})]
+    for token in tokens:
+        with pytest.raises(mrtr.StateError, match="requestState is malformed"):
+            sealer.open(token)
