@@ -315,15 +315,13 @@ class UpstreamResponse:
         """(event type, data) pairs of an SSE body as they arrive; `decoder` keeps the last
         event id and `retry:` for a reader that resumes (the legacy transport). Ends at the end
         of the body; the caller releases or closes the response."""
-        limit = self._client.max_response_bytes
-        async for chunk in self.iter_chunks():
-            events = decoder.feed(chunk)
-            if decoder.pending_bytes > limit:
-                raise ResponseTooLarge(limit, "an SSE event")
-            for event in events:
-                if len(event[1]) > limit:  # whole within one chunk
-                    raise ResponseTooLarge(limit, "an SSE event")
-                yield event
+        decoder.max_event_bytes = limit = self._client.max_response_bytes
+        try:
+            async for chunk in self.iter_chunks():
+                for event in decoder.feed(chunk):
+                    yield event
+        except sse.EventTooLarge:
+            raise ResponseTooLarge(limit, "an SSE event") from None
 
     async def finish(self, timeout: float) -> None:
         """Read what is left of the body and give the connection back to the pool, or close

@@ -67,14 +67,13 @@ class UpstreamResponse:
         """(event type, data) pairs of an SSE body as they arrive; `decoder` keeps the last
         event id and `retry:` for a reader that resumes. Ends at the end of the body; the
         caller releases or closes the response."""
-        async for chunk in self._response.content.iter_any():
-            events = decoder.feed(chunk)
-            if decoder.pending_bytes > self.max_bytes:
-                raise ResponseTooLarge(self.max_bytes, "an SSE event")
-            for event in events:
-                if len(event[1]) > self.max_bytes:  # whole within one chunk
-                    raise ResponseTooLarge(self.max_bytes, "an SSE event")
-                yield event
+        decoder.max_event_bytes = self.max_bytes
+        try:
+            async for chunk in self._response.content.iter_any():
+                for event in decoder.feed(chunk):
+                    yield event
+        except sse.EventTooLarge:
+            raise ResponseTooLarge(self.max_bytes, "an SSE event") from None
 
     async def finish(self, timeout: float) -> None:
         """Read what is left of the body and give the connection back to the pool, or close

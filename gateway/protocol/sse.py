@@ -30,6 +30,10 @@ def encode(message: Any) -> bytes:
     return b"event: message\ndata: " + orjson.dumps(message) + b"\n\n"
 
 
+class EventTooLarge(ValueError):
+    """One event grew past the reader's bound (`Decoder.max_event_bytes`)."""
+
+
 class Decoder:
     """Incremental parser of a `text/event-stream` body (WHATWG HTML §9.2.6, "event stream
     interpretation"), fed raw byte chunks as they arrive, yielding (event type, data) pairs.
@@ -43,9 +47,12 @@ class Decoder:
     """
 
     __slots__ = ("_data", "_data_bytes", "_event", "_has_data", "_id", "_pending", "_pending_bytes",
-                 "last_event_id", "retry_ms")
+                 "last_event_id", "max_event_bytes", "retry_ms")
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        # The reader's bound on one event (its data and the line not yet ended): past it `feed`
+        # raises EventTooLarge. Nothing else bounds what a peer sends.
+        self.max_event_bytes = max_event_bytes
         # Bytes of a line not yet ended, kept as the chunks that brought them: joined only once a
         # line ends, so a long line arriving in many chunks is not copied once per chunk.
         self._pending: list[bytes] = []
@@ -70,6 +77,7 @@ class Decoder:
             if chunk:  # no line ends here: nothing to parse yet
                 pending.append(chunk)
                 self._pending_bytes += len(chunk)
+                self._check(())
             return []
         events: list[tuple[str, str]] = []
         buffer = b"".join((*pending, chunk)) if pending else chunk
@@ -94,7 +102,13 @@ class Decoder:
         rest = buffer[start:]
         self._pending = [rest] if rest else []
         self._pending_bytes = len(rest)
+        self._check(events)
         return events
+
+    def _check(self, events: list[tuple[str, str]] | tuple[()]) -> None:
+        limit = self.max_event_bytes
+        if limit is not None and (self.pending_bytes > limit or any(len(data) > limit for _, data in events)):
+            raise EventTooLarge(limit)
 
     def _line(self, line: str) -> tuple[str, str] | None:
         if not line:
@@ -126,23 +140,14 @@ class Decoder:
         return None
 
 
-class EventTooLarge(ValueError):
-    """One event grew past the reader's bound before it ended."""
-
-
 async def json_payloads(chunks: AsyncIterator[bytes], source: str, max_event_bytes: int | None = None
                         ) -> AsyncIterator[Any]:
     """The parsed JSON of each `message` event in a byte stream, as it arrives. Priming
     events (empty data), other event types and non-JSON data are skipped (the last logged,
     naming `source`). An event larger than `max_event_bytes` raises EventTooLarge."""
-    decoder = Decoder()
+    decoder = Decoder(max_event_bytes)
     async for chunk in chunks:
-        events = decoder.feed(chunk)
-        if max_event_bytes is not None and decoder.pending_bytes > max_event_bytes:
-            raise EventTooLarge(max_event_bytes)
-        for event, data in events:
-            if max_event_bytes is not None and len(data) > max_event_bytes:
-                raise EventTooLarge(max_event_bytes)  # whole within one chunk
+        for event, data in decoder.feed(chunk):
             if event != "message" or not data:
                 continue
             try:
