@@ -17,8 +17,14 @@ from gateway.settings import CONFIG_ENV, ConfigError, GatewaySettings, load_sett
 log = logging.getLogger("gateway")
 
 
-def _load(path: str | None) -> GatewaySettings:
-    return load_settings(path or os.environ.get(CONFIG_ENV))
+def _load_or_print_problems(path: str | None) -> GatewaySettings | None:
+    """The settings in `path` (else $MCP_GATEWAY_CONFIG's file, else the defaults) and the
+    environment; None once their problems are printed (the command then fails)."""
+    try:
+        return load_settings(path or os.environ.get(CONFIG_ENV))
+    except ConfigError as exc:
+        _print_problems(exc)
+        return None
 
 
 def _with_server(settings: GatewaySettings, **changes: Any) -> GatewaySettings:
@@ -123,11 +129,10 @@ async def _serve(settings: GatewaySettings) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        settings = _with_server(_load(args.config), host=args.host, port=args.port)
-    except ConfigError as exc:
-        _print_problems(exc)
+    settings = _load_or_print_problems(args.config)
+    if settings is None:
         return 2
+    settings = _with_server(settings, host=args.host, port=args.port)
     logging.basicConfig(level=settings.observability.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every upstream request at INFO: one line per call is noise, not signal.
@@ -168,10 +173,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_routes(args: argparse.Namespace) -> int:
-    try:
-        settings = _load(args.config)
-    except ConfigError as exc:
-        _print_problems(exc)
+    settings = _load_or_print_problems(args.config)
+    if settings is None:
         return 1
     for b in settings.backends:
         where = b.url or " ".join(b.command or ())
@@ -184,10 +187,8 @@ def cmd_routes(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_flush(args: argparse.Namespace) -> int:
-    try:
-        settings = _load(args.config)
-    except ConfigError as exc:
-        _print_problems(exc)
+    settings = _load_or_print_problems(args.config)
+    if settings is None:
         return 1
     from gateway.cache import admin
     from gateway.cache.redis import redacted

@@ -1,5 +1,6 @@
 """One Redis channel subscription that lives as long as its task: shared by the cache's
-invalidation channel and the subscription hub's event bus, so both survive the same way.
+invalidation channel and the subscription hub's event bus, so both survive (and shut down)
+the same way.
 
 Redis pub/sub keeps nothing for absent subscribers, so after every reconnect the owner is told
 (`on_subscribed(after_loss=True)`) and can resynchronize. A failure in the owner's message
@@ -70,3 +71,15 @@ async def subscribe_forever(
         # Jittered exponential backoff: replicas that lost Redis together do not reconnect in step.
         await asyncio.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, _MAX_DELAY)
+
+
+async def close_subscription(listener: asyncio.Task[None] | None, *clients: aioredis.Redis) -> None:
+    """Stop the task running `subscribe_forever` (if it was started) and close the owner's
+    clients. Never raises: a shutdown goes on whatever state Redis is in."""
+    if listener is not None:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await listener
+    for client in clients:
+        with contextlib.suppress(Exception):
+            await client.aclose()

@@ -22,7 +22,6 @@ the subscriber loop reconnects on its own with backoff.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -40,7 +39,7 @@ from redis.exceptions import RedisError
 from gateway.cache.entry import Entry, StoreUnavailable
 from gateway.cache.keys import backend_tag
 from gateway.observability import metrics
-from gateway.redis_pubsub import subscribe_forever
+from gateway.redis_pubsub import close_subscription, subscribe_forever
 
 log = logging.getLogger("gateway.cache.redis")
 
@@ -351,10 +350,4 @@ class RedisStore:
             self.on_remote_drop(tags)
 
     async def aclose(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
-        for client in (self.client, self._sub_client):
-            with contextlib.suppress(Exception):
-                await client.aclose()
+        await close_subscription(self._listener, self.client, self._sub_client)

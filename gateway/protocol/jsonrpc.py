@@ -175,23 +175,19 @@ def missing_capability(required: dict[str, Any], request_id: RequestId | None = 
     )
 
 
+def _about_backend(code: int, backend: str, message: str, request_id: RequestId | None) -> McpError:
+    """A gateway-made error about one backend: it names the backend in `data` and travels with
+    the status `_HTTP_STATUS` gives its code, raised or relayed."""
+    return McpError(code, message, status=_HTTP_STATUS[code], data={"backend": backend}, request_id=request_id)
+
+
 def backend_unavailable(backend: str, detail: str, request_id: RequestId | None = None) -> McpError:
-    return McpError(
-        BACKEND_UNAVAILABLE,
-        f"Backend {backend!r} is unavailable: {detail}",
-        status=502,
-        data={"backend": backend},
-        request_id=request_id,
-    )
+    return _about_backend(BACKEND_UNAVAILABLE, backend, f"Backend {backend!r} is unavailable: {detail}", request_id)
 
 
 def backend_timeout(backend: str, seconds: float, request_id: RequestId | None = None) -> McpError:
-    return McpError(
-        BACKEND_TIMEOUT,
-        f"Backend {backend!r} did not answer within {seconds:g}s",
-        status=504,
-        data={"backend": backend},
-        request_id=request_id,
+    return _about_backend(
+        BACKEND_TIMEOUT, backend, f"Backend {backend!r} did not answer within {seconds:g}s", request_id
     )
 
 
@@ -203,10 +199,6 @@ def gateway_overloaded(detail: str, *, limit: str, data: dict[str, Any] | None =
 
 
 def backend_protocol_error(backend: str, detail: str, request_id: RequestId | None = None) -> McpError:
-    return McpError(
-        BACKEND_PROTOCOL_ERROR,
-        f"Backend {backend!r} sent an invalid response: {detail}",
-        status=502,
-        data={"backend": backend},
-        request_id=request_id,
+    return _about_backend(
+        BACKEND_PROTOCOL_ERROR, backend, f"Backend {backend!r} sent an invalid response: {detail}", request_id
     )

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.redis_pubsub import subscribe_forever
+from gateway.redis_pubsub import close_subscription, subscribe_forever
 
 log = logging.getLogger("gateway.subscriptions.bus")
 
@@ -283,10 +283,4 @@ class RedisBus:
         return any(m.decode() != self.replica_id for m in members)
 
     async def aclose(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
-        for client in (self._client, self._sub_client):
-            with contextlib.suppress(Exception):
-                await client.aclose()
+        await close_subscription(self._listener, self._client, self._sub_client)

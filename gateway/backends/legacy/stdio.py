@@ -195,6 +195,17 @@ class StdioProcess:
             log.info("backend %s stderr: %s", self.name, line.decode(errors="replace").rstrip())
 
 
+def stdio_process(settings: BackendSettings, *, on_message: Callable[[Message], None],
+                  on_exit: Callable[[str], None], adopt: StdioProcess | None = None) -> StdioProcess:
+    """The process `settings.command` names, heard through `on_message` and `on_exit`: `adopt`
+    when given (the era probe's, already running), else a new one in the environment it may see."""
+    if adopt is not None:
+        adopt.on_message, adopt.on_exit = on_message, on_exit
+        return adopt
+    return StdioProcess(settings.name, settings.command or (), child_environment(settings),
+                        backoff=settings.restart_backoff_seconds, on_message=on_message, on_exit=on_exit)
+
+
 # -- legacy over stdio -------------------------------------------------------------------
 
 
@@ -242,10 +253,7 @@ class LegacyStdioBackend(LegacyBackend):
                  process: StdioProcess | None = None) -> None:
         super().__init__(settings, gateway)
         assert settings.command is not None
-        self.process = process or StdioProcess(
-            self.name, settings.command, child_environment(settings), backoff=settings.restart_backoff_seconds,
-            on_message=self._receive, on_exit=self._exited)
-        self.process.on_message, self.process.on_exit = self._receive, self._exited
+        self.process = stdio_process(settings, on_message=self._receive, on_exit=self._exited, adopt=process)
         self._session: StdioSession | None = None
 
     def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]:
@@ -292,10 +300,7 @@ class ModernStdioBackend(Backend):
     def __init__(self, settings: BackendSettings, *, process: StdioProcess | None = None) -> None:
         super().__init__(settings)
         assert settings.command is not None
-        self.process = process or StdioProcess(
-            self.name, settings.command, child_environment(settings), backoff=settings.restart_backoff_seconds,
-            on_message=self._receive, on_exit=self._exited)
-        self.process.on_message, self.process.on_exit = self._receive, self._exited
+        self.process = stdio_process(settings, on_message=self._receive, on_exit=self._exited, adopt=process)
         self._ids = itertools.count(1)
         self._exchanges: dict[int, Exchange] = {}
         self._by_token: dict[str, Exchange] = {}
@@ -402,9 +407,7 @@ class StdioAutoProbe:
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
         self._answer: asyncio.Future[Message] | None = None
-        self.process = StdioProcess(settings.name, settings.command or (), child_environment(settings),
-                                    backoff=settings.restart_backoff_seconds, on_message=self._probe_message,
-                                    on_exit=lambda reason: None)
+        self.process = stdio_process(settings, on_message=self._probe_message, on_exit=lambda reason: None)
 
     def _probe_message(self, message: Message) -> None:
         if self._answer is not None and not self._answer.done() and message.get("id") == "gw-era-probe":
