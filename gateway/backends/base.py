@@ -117,6 +117,15 @@ class Backend(abc.ABC):
         """Deliver one call and return the answer. Raises McpError for gateway-made failures
         (unreachable, timeout, protocol violation); a backend's own JSON-RPC error is a Reply."""
 
+    def overdue(self, call: Call) -> rpc.McpError:
+        """-31002 for a call that ran past `max_call_seconds`, however much progress the
+        backend sent (SHTTP: senders SHOULD enforce a maximum duration)."""
+        limit = self.settings.max_call_seconds
+        return rpc.McpError(
+            rpc.BACKEND_TIMEOUT,
+            f"Backend {self.name!r} did not finish {call.method} within {limit:g}s (backends[].max_call_seconds)",
+            status=504, data={"backend": self.name, "limit": "backends[].max_call_seconds"}, request_id=call.id)
+
     async def start(self) -> None:
         """Open pools, spawn processes. Must not fail when the backend is down."""
 

@@ -30,7 +30,7 @@ _RELAYED = ("traceparent", "tracestate", "baggage")
 _ACCEPT = "application/json, text/event-stream"
 _RETRYABLE_STATUS = frozenset({502, 503, 504})
 # The 4xx statuses the spec gives a JSON-RPC error body (digest §a.3): relayed with their code.
-# Any other 4xx is the backend refusing the gateway, never the client (`_refused`).
+# Any other 4xx is the backend refusing the gateway, never the client (`rpc.backend_refused`).
 _RELAYED_4XX = frozenset({400, 404})
 _END = object()  # the end of an SSE body (a JSON `null` payload must not look like it)
 
@@ -104,7 +104,7 @@ class ModernHttpBackend(Backend):
         if call.id is None:
             return Reply(self.name, status)
         if 400 <= status < 500 and status not in _RELAYED_4XX:
-            raise self._refused(status, body, call)
+            raise rpc.backend_refused(self.name, status, body, call.id)
         if response.content_type == "application/json" or (body[:1] == b"{" and status >= 400):
             try:
                 message = orjson.loads(body)
@@ -125,38 +125,12 @@ class ModernHttpBackend(Backend):
             # like any other: refused or unavailable (-31001, retried for idempotent reads), never
             # relayed as if it were a JSON-RPC answer nor reported as -31003.
         if 400 <= status < 500:
-            raise self._refused(status, body, call)
+            raise rpc.backend_refused(self.name, status, body, call.id)
         if status >= 500:
             raise rpc.backend_unavailable(self.name, f"HTTP {status}", call.id)
         raise rpc.backend_protocol_error(
             self.name, f"HTTP {status} with content-type {response.content_type or 'none'!r}", call.id
         )
-
-    def _refused(self, status: int, body: bytes, call: Call) -> rpc.McpError:
-        """A backend's HTTP 4xx that is not a relayable JSON-RPC error, as -31001 at 502. Relayed
-        as-is, a backend's 401/403 (which carries no WWW-Authenticate for the client's
-        credentials) would read as the gateway's own auth challenge (AUTH), and a 405/406/415
-        as a fault of the client's request to the gateway; it is the backend refusing the
-        gateway, so the client learns which backend and what it answered."""
-        detail = f"HTTP {status}"
-        try:
-            error = orjson.loads(body).get("error") if body[:1] == b"{" else None
-        except (orjson.JSONDecodeError, AttributeError):
-            error = None
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            detail += f" ({error['message'][:200]})"
-        if status in (401, 403):
-            detail += ": the gateway's credentials for it (backends[].headers) were refused"
-        return rpc.McpError(
-            rpc.BACKEND_UNAVAILABLE, f"Backend {self.name!r} refused the request: {detail}", status=502,
-            data={"backend": self.name, "status": status}, request_id=call.id)
-
-    def _overdue(self, call: Call) -> rpc.McpError:
-        limit = self.settings.max_call_seconds
-        return rpc.McpError(
-            rpc.BACKEND_TIMEOUT,
-            f"Backend {self.name!r} did not finish {call.method} within {limit:g}s (backends[].max_call_seconds)",
-            status=504, data={"backend": self.name, "limit": "backends[].max_call_seconds"}, request_id=call.id)
 
     async def _events(self, response: UpstreamResponse, call: Call) -> AsyncIterator[Message]:
         """JSON-RPC messages from an upstream SSE body, as they arrive. A call's stream ends
@@ -178,7 +152,7 @@ class ModernHttpBackend(Backend):
                             payload = await anext(messages, _END)
                     except TimeoutError:
                         if overall.expired():
-                            raise self._overdue(call) from None
+                            raise self.overdue(call) from None
                         raise
                 if payload is _END:
                     return

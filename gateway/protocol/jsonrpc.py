@@ -198,6 +198,28 @@ def gateway_overloaded(detail: str, *, limit: str, data: dict[str, Any] | None =
                     request_id=request_id)
 
 
+def backend_refused(backend: str, status: int, body: bytes, request_id: RequestId | None = None,
+                    *, what: str = "the request") -> McpError:
+    """A backend's HTTP 4xx that carries no JSON-RPC answer, as -31001 at 502, whatever the era.
+    Relayed as-is, a backend's 401/403 (whose WWW-Authenticate is about the gateway's
+    credentials, not the client's) would read as the gateway's own auth challenge (AUTH), and
+    a 405/406/415 as a fault of the client's request to the gateway; it is the backend
+    refusing the gateway, so the client learns which backend and what it answered."""
+    detail = f"HTTP {status}"
+    try:
+        error = orjson.loads(body).get("error") if body[:1] == b"{" else None
+    except (orjson.JSONDecodeError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        detail += f" ({error['message'][:200]})"
+    elif isinstance(error, str):
+        detail += f" ({error[:200]})"
+    if status in (401, 403):
+        detail += ": the gateway's credentials for it (backends[].headers) were refused"
+    return McpError(BACKEND_UNAVAILABLE, f"Backend {backend!r} refused {what}: {detail}", status=502,
+                    data={"backend": backend, "status": status}, request_id=request_id)
+
+
 def backend_protocol_error(backend: str, detail: str, request_id: RequestId | None = None) -> McpError:
     return _about_backend(
         BACKEND_PROTOCOL_ERROR, backend, f"Backend {backend!r} sent an invalid response: {detail}", request_id

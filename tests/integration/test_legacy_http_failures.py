@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -323,6 +324,34 @@ async def test_a_post_answer_that_is_no_json_rpc_answer_is_a_gateway_error(flaky
     assert len(server.requests("initialize")) == 1  # the session survived its bad answer
 
 
+async def _http_401(answer: Answer) -> None:
+    await answer.text(401, b"unauthorized")
+
+
+async def _proxy_403(answer: Answer) -> None:
+    # An auth proxy in front of the backend, with JSON of its own that is no JSON-RPC answer.
+    await answer.json({"error": "token expired"}, status=403)
+
+
+@pytest.mark.parametrize(("handler", "says"), [
+    (_http_401, "refused tools/call: HTTP 401: the gateway's credentials for it (backends[].headers) were refused"),
+    (_proxy_403, "refused tools/call: HTTP 403 (token expired): the gateway's credentials"),
+], ids=["401", "proxy-403"])
+async def test_a_4xx_without_a_json_rpc_answer_is_the_backend_refusing_the_gateway(flaky, handler, says):
+    """As for a modern backend (README "Errors the gateway makes"): -31001 naming the backend
+    and its status, never -31003 (an invalid answer, which would also send the era probe off
+    again for nothing) and never the backend's own 401, which the client would read as the
+    gateway's auth challenge."""
+    server, url = flaky
+    server.tools["guarded"] = handler
+    async with running_gateway(settings(url)) as gw, httpx.AsyncClient(timeout=30) as http:
+        error = gateway_error(await call(http, gw, "guarded"), 502, -31001)
+        assert says in error["message"]
+        assert error["data"]["status"] in (401, 403)
+        await still_serves(http, gw)
+    assert len(server.requests("initialize")) == 1  # the session survived the refusal
+
+
 async def _huge_json(answer: Answer) -> None:
     await answer.json(result(answer.message, "x" * 8192))
 
@@ -537,6 +566,29 @@ async def test_a_call_kept_alive_but_never_answered_times_out_and_is_cancelled(f
 # -- the handshake's notification refused (http.py `_send`, pool.py `_open`) -------------------
 
 
+async def _initialize_405(answer: Answer) -> None:
+    await answer.text(405, b"method not allowed")
+
+
+@pytest.mark.parametrize(("handler", "code", "says", "probed_again"), [
+    (_http_401, -31001, "refused initialize: HTTP 401", False),
+    (_initialize_405, -31003, "HTTP 405 without a JSON-RPC answer for initialize", True),
+], ids=["401", "405"])
+async def test_a_refused_initialize_says_whether_the_url_still_speaks_streamable_http(
+        flaky, caplog, handler, code, says, probed_again):
+    """A 401 to initialize is the backend refusing the gateway's credentials (-31001); a 405 to
+    it is a URL that no longer takes Streamable HTTP POSTs (an HTTP+SSE server now, say): an
+    invalid answer (-31003), after which the era is probed again (detect.py)."""
+    server, url = flaky
+    async with running_gateway(settings(url, era="auto")) as gw, httpx.AsyncClient(timeout=30) as http:
+        server.faults["initialize"] = [handler]
+        with caplog.at_level(logging.INFO, logger="gateway.backends.detect"):
+            error = gateway_error(await call(http, gw, meta=FRESH), 502, code)
+        assert says in error["message"]
+        assert ("the era will be probed again" in caplog.text) is probed_again
+        await still_serves(http, gw, meta=FRESH)
+
+
 async def _initialized_503(answer: Answer) -> None:
     await answer.text(503, b"warming up")
 
@@ -556,7 +608,7 @@ async def _initialized_404(answer: Answer) -> None:
 
 @pytest.mark.parametrize(("handler", "code", "says"), [
     (_initialized_503, -31001, "HTTP 503 for notifications/initialized"),
-    (_initialized_400, -31003, "HTTP 400 for notifications/initialized"),
+    (_initialized_400, -31001, "refused notifications/initialized: HTTP 400"),
     (_initialized_cut, -31001, "connection closed before the response was complete"),
     (_initialized_404, -31003, "404 on initialize"),
 ], ids=["503", "400", "body-cut", "404"])

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.backends.base import internal_call
 from gateway.backends.legacy import mrtr
+from gateway.backends.legacy.session import Exchange, LegacySession
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import load_settings
@@ -153,3 +154,58 @@ def test_an_authentic_state_with_a_malformed_payload_is_refused_as_malformed() -
     for token in tokens:
         with pytest.raises(mrtr.StateError, match="requestState is malformed"):
             sealer.open(token)
+
+
+# -- a backend withdraws its own request (session.py `_withdrawn`, §h.5, L-CAN) -------------------
+
+
+class _Session(LegacySession):
+    """A session with no transport: what it answers is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__("old", {}, lambda message: None)
+        self.sent: list[dict] = []
+
+    async def _send_request(self, exchange: Exchange, message: dict) -> None:
+        pass
+
+    async def _send(self, message: dict) -> None:
+        self.sent.append(message)
+
+    async def _initialize(self, message: dict) -> dict:
+        return {}
+
+
+def _asks(request_id: str) -> dict:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "elicitation/create", "params": {"message": "?"}}
+
+
+def _cancels(request_id: object) -> dict:
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+
+
+async def test_a_backend_cancellation_takes_its_request_off_the_call_that_carried_it() -> None:
+    session = _Session()
+    call = await session.request("tools/call", {"name": "ask"})
+    other = await session.request("tools/call", {"name": "echo"})
+    session.route(_asks("e1"), call)
+    session.route(_asks("e2"), call)
+    assert [call.ready()["id"], call.ready()["id"]] == ["e1", "e2"]
+    assert call.open_requests == {"e1", "e2"}
+    # From a stream credited to no call (the GET stream; a shared one when ambiguous), or
+    # to another call: it reaches the call that carried the request, and is queued there
+    # only to wake a reader gathering an InputRequiredResult.
+    session.route(_cancels("e1"), None)
+    assert call.open_requests == {"e2"}
+    assert call.ready() == _cancels("e1") and other.ready() is None
+    pending = {"re1": _asks("e1"), "re2": _asks("e2")}
+    call.prune(pending)
+    assert list(pending) == ["re2"]
+    # Answered by the gateway: no longer open, so a late cancellation of it finds nothing,
+    # and neither do ones naming no request at all; none is queued anywhere.
+    await session.respond("e2", result={"action": "accept"})
+    assert call.open_requests == set() and session.sent[-1]["id"] == "e2"
+    for stray in (_cancels("e2"), _cancels("e9"), _cancels({"not": "an id"}), _cancels(None),
+                  {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": "junk"}):
+        session.route(stray, other)
+    assert call.ready() is None and other.ready() is None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.backends.legacy import translate
+from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 
 
@@ -29,31 +32,49 @@ def test_legacy_params_strip_modern_meta_and_mrtr_fields() -> None:
 
 def test_result_gets_result_type_cache_hints_and_server_info() -> None:
     legacy = {"jsonrpc": "2.0", "id": 17, "result": {"tools": []}}
-    out = translate.result_for_client(legacy, "client-1", "tools/list", server_info={"name": "s", "version": "1"},
-                                      ttl_ms=5000, cache_scope="public")
+    out = translate.result_for_client(legacy, "client-1", "tools/list", backend="old",
+                                      server_info={"name": "s", "version": "1"}, ttl_ms=5000, cache_scope="public")
     assert out["id"] == "client-1"
     assert out["result"] == {"tools": [], "resultType": "complete", "ttlMs": 5000, "cacheScope": "public",
                              "_meta": {meta.SERVER_INFO: {"name": "s", "version": "1"}}}
 
 
 def test_non_cacheable_results_get_no_cache_hints() -> None:
-    out = translate.result_for_client({"id": 3, "result": {"content": []}}, 1, "tools/call", server_info=None,
-                                      ttl_ms=5000, cache_scope="public")
+    out = translate.result_for_client({"id": 3, "result": {"content": []}}, 1, "tools/call", backend="old",
+                                      server_info=None, ttl_ms=5000, cache_scope="public")
     assert out["result"] == {"content": [], "resultType": "complete"}
 
 
 def test_resource_not_found_becomes_invalid_params() -> None:
     legacy = {"id": 3, "error": {"code": -32002, "message": "Resource not found", "data": {"uri": "x://y"}}}
-    out = translate.result_for_client(legacy, 9, "resources/read", server_info=None, ttl_ms=0,
+    out = translate.result_for_client(legacy, 9, "resources/read", backend="old", server_info=None, ttl_ms=0,
                                       cache_scope="private")
     assert out == {"jsonrpc": "2.0", "id": 9,
                    "error": {"code": -32602, "message": "Resource not found", "data": {"uri": "x://y"}}}
 
 
 def test_url_elicitation_required_is_never_emitted() -> None:
-    out = translate.result_for_client({"id": 3, "error": {"code": -32042, "message": "go there"}}, 9,
-                                      "tools/call", server_info=None, ttl_ms=0, cache_scope="private")
+    out = translate.result_for_client({"id": 3, "error": {"code": -32042, "message": "go there"}}, 9, "tools/call",
+                                      backend="old", server_info=None, ttl_ms=0, cache_scope="private")
     assert out["error"]["code"] == -32603
+
+
+@pytest.mark.parametrize("legacy", [
+    {"id": 3, "result": "done"},
+    {"id": 3, "error": "boom"},
+    {"id": 3},
+], ids=["result-not-an-object", "error-not-an-object", "neither"])
+def test_a_response_the_client_cannot_use_is_the_backends_invalid_answer(legacy) -> None:
+    """-31003 naming the backend (README "Errors the gateway makes"), at 502, not a bare -32603
+    that would read as the gateway's own fault and say nothing of where it came from."""
+    out = translate.result_for_client(legacy, 9, "tools/call", backend="old", server_info=None, ttl_ms=0,
+                                      cache_scope="private")
+    assert out["id"] == 9
+    assert out["error"]["code"] == -31003
+    assert out["error"]["data"] == {"backend": "old"}
+    assert out["error"]["message"] == ("Backend 'old' sent an invalid response: its response to tools/call has "
+                                       "neither a result object nor an error object")
+    assert rpc.http_status_of(out) == 502
 
 
 def test_discover_from_initialize() -> None:

@@ -166,27 +166,31 @@ class LegacyBackend(Backend):
         more arrive within the gathering window. Legacy servers ask for several inputs at
         once (e.g. elicitation and sampling under asyncio.gather), which reach us one SSE
         event at a time: requests that arrive together become one InputRequiredResult.
-        Past `deadline` (max_call_seconds) the call fails with -31002."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise self._overdue(call)
-        if pending:
-            return await exchange.next_within(min(_GATHER_SECONDS, remaining))
-        if remaining >= self.settings.timeout_seconds:
-            return await exchange.next(self.settings.timeout_seconds)
-        try:
-            return await exchange.next(remaining)
-        except rpc.McpError as exc:
-            if exc.code == rpc.BACKEND_TIMEOUT:
-                raise self._overdue(call) from None
-            raise
+        Past `deadline` (max_call_seconds) the call fails with -31002.
 
-    def _overdue(self, call: Call) -> rpc.McpError:
-        limit = self.settings.max_call_seconds
-        return rpc.McpError(
-            rpc.BACKEND_TIMEOUT,
-            f"Backend {self.name!r} did not finish {call.method} within {limit:g}s (backends[].max_call_seconds)",
-            status=504, data={"backend": self.name, "limit": "backends[].max_call_seconds"}, request_id=call.id)
+        A backend `notifications/cancelled` of one of its requests is consumed here, never
+        relayed (§h.5): the exchange already took that request off its open requests
+        (session.py `_withdrawn`), and `pending` drops it too, so the InputRequiredResult
+        being gathered does not ask the client for it. With nothing left pending, the wait is
+        an ordinary one again (the backend may now finish the call)."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self.overdue(call)
+            if pending:
+                message = await exchange.next_within(min(_GATHER_SECONDS, remaining))
+            elif remaining >= self.settings.timeout_seconds:
+                message = await exchange.next(self.settings.timeout_seconds)
+            else:
+                try:
+                    message = await exchange.next(remaining)
+                except rpc.McpError as exc:
+                    if exc.code == rpc.BACKEND_TIMEOUT:
+                        raise self.overdue(call) from None
+                    raise
+            if message is None or message.get("method") != "notifications/cancelled":
+                return message
+            exchange.prune(pending)
 
     async def _relay(self, call: Call, session: LegacySession, exchange: Exchange,
                      first: Message | None, pending: dict[str, Message], deadline: float
@@ -228,7 +232,8 @@ class LegacyBackend(Backend):
         error = message.get("error")
         if isinstance(error, dict) and error.get("code") == translate.URL_ELICITATION_REQUIRED:
             return self._url_elicitation(call, error)
-        return translate.result_for_client(message, call.id, call.method, server_info=session.server_info,
+        return translate.result_for_client(message, call.id, call.method, backend=self.name,
+                                           server_info=session.server_info,
                                            ttl_ms=self.settings.default_ttl_ms,
                                            cache_scope=self.settings.default_cache_scope)
 
@@ -247,8 +252,8 @@ class LegacyBackend(Backend):
             if level is None or not translate.log_level_passes(params.get("level"), level):
                 return None
             return rpc.notification(method, params)
-        # notifications/cancelled (of a backend request), elicitation/complete and anything
-        # else legacy-only have no modern meaning on a response stream (§h.5).
+        # elicitation/complete and anything else legacy-only have no modern meaning on a
+        # response stream (§h.5); notifications/cancelled never gets here (`_next`).
         return None
 
     async def _backend_request(self, call: Call, session: LegacySession, exchange: Exchange,
@@ -314,8 +319,8 @@ class LegacyBackend(Backend):
         (digest §h.5). Otherwise the client learns which capability it lacks."""
         requests = translate.url_elicitations(error)
         if call.spec is None or not call.spec.mrtr or not requests:
-            return translate.result_for_client({"error": error}, call.id, call.method, server_info=None,
-                                               ttl_ms=0, cache_scope="private")
+            return translate.result_for_client({"error": error}, call.id, call.method, backend=self.name,
+                                               server_info=None, ttl_ms=0, cache_scope="private")
         missing = translate.missing_capability(next(iter(requests.values())), call.client_capabilities)
         if missing is not None:
             err = rpc.missing_capability(missing, call.id)
@@ -335,6 +340,8 @@ class LegacyBackend(Backend):
         session: LegacySession = continuation.session
 
         async def give_up() -> None:
+            # §h.5: what the backend withdrew while the call was parked is not answered at all.
+            continuation.exchange.prune(continuation.pending)
             for message in continuation.pending.values():
                 if message["method"] == "elicitation/create":
                     await _respond(session, message["id"], result={"action": "cancel"})
@@ -368,6 +375,10 @@ class LegacyBackend(Backend):
             raise rpc.invalid_params("requestState refers to a call that expired or was already resumed", call.id)
         session: LegacySession = continuation.session
         continuation.exchange.waiting_for_client = False
+        # §h.5: requests the backend withdrew (notifications/cancelled) while the call was
+        # parked get no answer, even one the client sent, and a missing answer to one is not
+        # asked for again.
+        continuation.exchange.prune(continuation.pending)
         responses = call.params.get("inputResponses")
         responses = responses if isinstance(responses, dict) else {}
         unanswered: dict[str, Message] = {}

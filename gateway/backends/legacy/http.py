@@ -170,8 +170,8 @@ class HttpSession(LegacySession):
             raise rpc.backend_unavailable(
                 self.backend, f"HTTP {response.status} for {message.get('method') or 'a response'}: {body[:200]!r}")
         if response.status >= 400:
-            raise rpc.backend_protocol_error(
-                self.backend, f"HTTP {response.status} for {message.get('method') or 'a response'}: {body[:200]!r}")
+            raise rpc.backend_refused(self.backend, response.status, body,
+                                      what=message.get("method") or "a response")
 
     def mark_expired(self) -> None:
         self.session_id = None
@@ -219,13 +219,20 @@ class HttpSession(LegacySession):
             message: Any = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
             message = None
-        if isinstance(message, dict) and ("result" in message or "error" in message):
+        # A JSON-RPC answer, not any JSON with an "error" key (an auth proxy's {"error": "..."}).
+        if isinstance(message, dict) and ("result" in message or isinstance(message.get("error"), dict)):
             self.route(message, exchange)
             if not exchange.done:  # an answer with someone else's id
                 exchange.fail(rpc.backend_protocol_error(self.backend, f"HTTP {status} answered another request"))
             return
         if status >= 500:
             exchange.fail(rpc.backend_unavailable(self.backend, f"HTTP {status} for {exchange.method}"))
+        elif status >= 400 and not (status in (404, 405) and exchange.method == "initialize"):
+            # As for a modern backend: a 4xx without a JSON-RPC answer is the backend refusing
+            # the gateway (-31001). Except a 404/405 to initialize: the URL no longer speaks
+            # Streamable HTTP at all (redeployed as HTTP+SSE, say), an invalid answer (-31003)
+            # after which detect.py probes the era again.
+            exchange.fail(rpc.backend_refused(self.backend, status, body, what=exchange.method))
         else:
             exchange.fail(rpc.backend_protocol_error(
                 self.backend, f"HTTP {status} without a JSON-RPC answer for {exchange.method}"))

@@ -10,10 +10,13 @@ Where a message goes (`LegacySession.route`):
 - a response → the exchange with that (rewritten) id;
 - `notifications/progress` → the exchange that owns the (rewritten) progress token;
 - `ping` from the backend → answered with `{}` at once (L-PING), never forwarded;
+- `notifications/cancelled` → the exchange that carried the backend request it names, whichever
+  stream it came on (§h.5: the backend withdrew a question to a call, maybe one parked for an
+  MRTR retry), and nowhere when no call still awaits an answer to that request;
 - resource and list-changed notifications → the session-wide listener (subscriptions, §h.6),
   whichever stream they came on, because a legacy server sends each message on one stream
   only and never broadcasts;
-- anything else (log messages, server-to-client requests, cancellations) → the exchange of
+- anything else (log messages, server-to-client requests) → the exchange of
   the stream it arrived on, and nowhere when the stream belongs to no request: a log message
   on the GET stream is dropped (§h.8), a request there is refused (§h.5).
 """
@@ -54,6 +57,12 @@ SESSION_WIDE = frozenset({
 INPUT_CARRIERS = frozenset({"tools/call", "prompts/get", "resources/read"})
 
 
+def _is_id(value: Any) -> bool:
+    """Whether `value` can be a JSON-RPC request id (string or number; MCP forbids null): the
+    only ids tracked, and a guard against unhashable junk from a misbehaving backend."""
+    return isinstance(value, (str, int, float))
+
+
 class SessionExpired(Exception):
     """The backend answered 404 to a request carrying our session id: the session is gone
     and the request was not processed (L-TR §Session Management)."""
@@ -66,7 +75,7 @@ class Exchange:
     asyncio.Queue: the queue's setup and bookkeeping were a visible part of a warm legacy call."""
 
     __slots__ = ("backend_id", "method", "progress_token", "wants_logs", "done", "started", "waiting_for_client",
-                 "_items", "_waiter")
+                 "open_requests", "_items", "_waiter")
 
     def __init__(self, backend_id: int, method: str) -> None:
         self.backend_id = backend_id
@@ -77,13 +86,34 @@ class Exchange:
         self.started = time.monotonic()
         # Parked for an MRTR retry: its backend call is blocked on the gateway's answers.
         self.waiting_for_client = False
+        # The ids of the backend's requests that came with this exchange and still wait for the
+        # gateway's answer: the gateway answers them (`LegacySession.respond`) or the backend
+        # withdraws them (`withdraw`). What a parked call may still answer or ask the client (§h.5).
+        self.open_requests: set[Any] = set()
         self._items: collections.deque[Message | rpc.McpError] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
 
     def put(self, message: Message) -> None:
         if "method" not in message:
             self.done = True
+        elif _is_id(message.get("id")):  # a backend request
+            self.open_requests.add(message["id"])
         self._push(message)
+
+    def withdraw(self, request_id: Any, cancellation: Message) -> None:
+        """The backend cancelled its request `request_id` (L-CAN): it expects no answer any
+        more. The cancellation is queued too, so that a reader gathering requests for an
+        InputRequiredResult wakes and leaves it out (§h.5); readers never relay it."""
+        self.open_requests.discard(request_id)
+        self._push(cancellation)
+
+    def prune(self, requests: dict[str, Message]) -> None:
+        """Remove from `requests` (inputRequests key → backend request) those no longer open,
+        which the backend withdrew (or the gateway already answered): they are neither
+        answered nor asked of the client."""
+        for key in [key for key, request in requests.items()
+                    if _is_id(request.get("id")) and request["id"] not in self.open_requests]:
+            del requests[key]
 
     def fail(self, error: rpc.McpError) -> None:
         if not self.done:
@@ -315,6 +345,9 @@ class LegacySession(abc.ABC):
     async def respond(self, request_id: Any, *, result: Message | None = None,
                       error: tuple[int, str] | None = None) -> None:
         """Answer a backend-initiated request."""
+        carrier = self._carrier(request_id)
+        if carrier is not None:
+            carrier.open_requests.discard(request_id)
         message: Message = {"jsonrpc": "2.0", "id": request_id}
         if error is not None:
             message["error"] = {"code": error[0], "message": error[1]}
@@ -333,6 +366,34 @@ class LegacySession(abc.ABC):
             log.info("backend %s: background send failed: %s", self.backend, task.exception())
 
     # -- demultiplexing -----------------------------------------------------------------
+
+    def _carrier(self, request_id: Any) -> Exchange | None:
+        """The exchange whose call still awaits an answer to backend request `request_id`.
+        A scan, not an index: it runs only when a backend request is answered or withdrawn,
+        and there is then nothing to keep in step when exchanges come and go."""
+        if not _is_id(request_id):
+            return None
+        for exchange in self._exchanges.values():
+            if request_id in exchange.open_requests:
+                return exchange
+        return None
+
+    def _withdrawn(self, message: Message) -> None:
+        """A backend `notifications/cancelled`: the backend gave up on a request it sent us
+        (L-CAN: it names a request issued in the same direction). §h.5: the call that carried
+        it must not answer it nor ask the client for it, parked or not; the exchange learns it
+        wherever the cancellation came from (its own POST stream, the GET stream, a shared
+        stdio or HTTP+SSE stream, on which `sole_origin` skips parked calls). It is never
+        forwarded: a modern client has no use for it."""
+        params = message.get("params")
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        carrier = self._carrier(request_id)
+        if carrier is None:
+            # Already answered, or never asked of a call: nothing to clear (L-CAN: ignore it).
+            log.debug("backend %s: cancellation of request %r, which no call awaits, dropped", self.backend,
+                      request_id)
+            return
+        carrier.withdraw(request_id, message)
 
     def sole_origin(self, message: Message) -> Exchange | None:
         """The request a log message or backend request on a shared stream (stdio, HTTP+SSE)
@@ -384,6 +445,9 @@ class LegacySession(abc.ABC):
             exchange = self._by_progress.get(str(token)) if token is not None else None
             if exchange is not None:
                 exchange.put(message)
+            return
+        if method == "notifications/cancelled":
+            self._withdrawn(message)
             return
         if method in SESSION_WIDE:
             self.on_notification(message)

@@ -182,6 +182,8 @@ class SseSession(LegacySession):
             raise SessionExpired(self.endpoint)  # the server no longer knows the session id
         if status >= 500:
             raise rpc.backend_unavailable(self.backend, f"HTTP {status} from the message endpoint")
+        if 400 <= status < 500:
+            raise rpc.backend_refused(self.backend, status, body, what=message.get("method") or "a response")
         if status >= 300:
             raise rpc.backend_protocol_error(
                 self.backend, f"HTTP {status} for {message.get('method') or 'a response'}: {body[:200]!r}")

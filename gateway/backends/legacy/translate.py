@@ -81,8 +81,8 @@ def legacy_params(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def result_for_client(message: Message, request_id: Any, method: str, *, server_info: dict[str, Any] | None,
-                      ttl_ms: int, cache_scope: str) -> Message:
+def result_for_client(message: Message, request_id: Any, method: str, *, backend: str,
+                      server_info: dict[str, Any] | None, ttl_ms: int, cache_scope: str) -> Message:
     """A legacy final response made modern: the client's id, `resultType`, caching hints on
     cacheable methods (legacy backends send none; §e says they are required), serverInfo in
     `_meta`, and -32002 turned into -32602 (§h.7)."""
@@ -109,8 +109,10 @@ def result_for_client(message: Message, request_id: Any, method: str, *, server_
             error = {"code": rpc.INTERNAL_ERROR,
                      "message": f"Backend requires a URL elicitation: {error.get('message', '')}".rstrip(": ")}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
-    return {"jsonrpc": "2.0", "id": request_id,
-            "error": {"code": rpc.INTERNAL_ERROR, "message": "backend response had neither result nor error"}}
+    # `result: "text"`, `error: "text"`, neither: not a JSON-RPC response the client can use.
+    return rpc.backend_protocol_error(
+        backend, f"its response to {method} has neither a result object nor an error object", request_id
+    ).to_message()
 
 
 def modern_capabilities(legacy: dict[str, Any]) -> dict[str, Any]:
