@@ -333,7 +333,12 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
             return message
         raise rpc.backend_protocol_error(backend, f"result type {rtype!r} the client did not negotiate", call.id)
     error = message.get("error")
-    if isinstance(error, dict) and error.get("code") == rpc.LEGACY_RESOURCE_NOT_FOUND:
+    if not isinstance(error, dict):
+        # `"result": "done"`, `"error": "bad"`: no JSON-RPC response (SCHEMA), and relayed raw
+        # it would reach the client as the gateway's own answer.
+        raise rpc.backend_protocol_error(backend, "its answer has neither a result object nor an error object",
+                                         call.id)
+    if error.get("code") == rpc.LEGACY_RESOURCE_NOT_FOUND:
         # Modern implementations MUST NOT emit -32002 (digest §a.4, §h.7).
         return {**message, "error": {**error, "code": rpc.INVALID_PARAMS}}
     return message

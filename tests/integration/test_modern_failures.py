@@ -198,11 +198,29 @@ async def still_serving(client: httpx.AsyncClient, gw: Any, tool: str = "echo") 
     (answer(200, b"application/json", b"[1, 2]"), "body is not a JSON-RPC response"),
     (answer(200, b"text/html; charset=utf-8", b"<html>hello</html>"), "HTTP 200 with content-type 'text/html'"),
     (answer(200, None, b'{"jsonrpc": "2.0", "id": 1, "result": {}}'), "HTTP 200 with content-type 'none'"),
-], ids=["invalid-json", "not-json-rpc", "json-array", "html", "no-content-type"])
+    (answer(200, b"application/json", b'{"jsonrpc": "2.0", "id": 1, "result": "done"}'),
+     "neither a result object nor an error object"),
+    (answer(200, b"application/json", b'{"jsonrpc": "2.0", "id": 1, "error": "bad"}'),
+     "neither a result object nor an error object"),
+], ids=["invalid-json", "not-json-rpc", "json-array", "html", "no-content-type", "result-not-object",
+        "error-not-object"])
 async def test_an_answer_that_is_not_mcp_is_a_502_protocol_error(script: Script, says: str) -> None:
     async with gateway_before(("raw", RawBackend({"odd": script}))) as (gw, client):
         message = gateway_error(await call(client, gw, "odd"), 502, -31003)
         assert says in message
+        await still_serving(client, gw)
+
+
+async def test_a_streamed_answer_that_is_not_mcp_ends_the_stream_with_a_protocol_error() -> None:
+    """The stream has begun (200) when its last event turns out to be no JSON-RPC response: it
+    ends with -31003 for the call instead of relaying `"result": ["done"]` as the answer."""
+    odd = answer(200, b"text/event-stream", b'data: {"jsonrpc": "2.0", "id": 1, "result": ["done"]}\n\n')
+    async with gateway_before(("raw", RawBackend({"odd": odd}))) as (gw, client):
+        response = await call(client, gw, "odd")
+        assert response.status_code == 200, response.text
+        final = mcp_http.sse_messages(response.text)[-1]
+        assert final["id"] == 1 and final["error"]["code"] == -31003, final
+        assert "neither a result object nor an error object" in final["error"]["message"]
         await still_serving(client, gw)
 
 
