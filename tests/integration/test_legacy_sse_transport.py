@@ -103,6 +103,50 @@ async def test_an_endpoint_on_another_origin_is_refused() -> None:
             await backend.aclose()
 
 
+class RefusingServer(OldServer):
+    """Takes the handshake, then answers every POST of a tools/call with `status`."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__()
+        self.status, self.body = status, body
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["method"] == "POST" and scope["path"] == "/messages":
+            body = await read_body(receive)
+            if orjson.loads(body).get("method") == "tools/call":
+                await send({"type": "http.response.start", "status": self.status,
+                            "headers": [(b"content-type", b"text/plain")]})
+                await send({"type": "http.response.body", "body": self.body})
+                return
+            receive = _replay(body)
+        await super().__call__(scope, receive, send)
+
+
+def _replay(body: bytes) -> Any:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+    return receive
+
+
+@pytest.mark.parametrize(("status", "code", "says"), [
+    (401, rpc.BACKEND_UNAVAILABLE, "refused tools/call: HTTP 401: the gateway's credentials"),
+    (503, rpc.BACKEND_UNAVAILABLE, "HTTP 503 from the message endpoint"),
+], ids=["401", "503"])
+async def test_a_refused_post_to_the_message_endpoint_names_what_the_backend_answered(
+        status: int, code: int, says: str) -> None:
+    """As for Streamable HTTP backends: a 4xx without a JSON-RPC answer is the backend refusing
+    the gateway (-31001 with data.status), a 5xx the backend unavailable (-31001)."""
+    async with serving(RefusingServer(status, b"no")) as url:
+        backend = _backend(url)
+        await backend.start()
+        try:
+            with pytest.raises(rpc.McpError) as info:
+                await backend.send(internal_call("tools/call", {"name": "echo", "arguments": {"text": "x"}}))
+            assert info.value.code == code and says in info.value.message, info.value.message
+        finally:
+            await backend.aclose()
+
+
 async def test_an_unknown_version_is_refused_by_name() -> None:
     async with serving(OldServer(version="2023-01-01")) as url:
         backend = _backend(url)
