@@ -362,14 +362,36 @@ class ModernStdioBackend(Backend):
         except rpc.McpError as exc:
             self._forget(exchange)
             raise exc.with_id(call.id)
-        listen = call.method == "subscriptions/listen"
-        return Reply(self.name, stream=self._relay(call, exchange, None if listen else self.settings.timeout_seconds))
+        return Reply(self.name, stream=self._relay(call, exchange))
 
-    async def _relay(self, call: Call, exchange: Exchange, timeout: float | None) -> AsyncIterator[Message]:
+    async def _relay(self, call: Call, exchange: Exchange) -> AsyncIterator[Message]:
+        """The exchange's messages for the client. A call waits `timeout_seconds` per message
+        and ends with -31002 at `max_call_seconds` after it was sent, however often the process
+        sends progress (SHTTP: senders SHOULD enforce a maximum); a listen has neither."""
+        deadline = None if call.method == "subscriptions/listen" else (
+            exchange.started + self.settings.max_call_seconds)
         try:
             while True:
                 try:
-                    message = await exchange.next(timeout)
+                    if deadline is None or exchange.done:
+                        # A listen; or the answer is in (queued, with what came before it):
+                        # nothing is waited for, so a slow reader does not make it overdue.
+                        message = await exchange.next(None)
+                    else:
+                        # One timer per wait, as for the per-message timeout alone: the shorter
+                        # of the two. Timed around the read only, never across a yield.
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise self.overdue(call)
+                        if remaining >= self.settings.timeout_seconds:
+                            message = await exchange.next(self.settings.timeout_seconds)
+                        else:
+                            try:
+                                message = await exchange.next(remaining)
+                            except rpc.McpError as exc:
+                                if exc.code == rpc.BACKEND_TIMEOUT:
+                                    raise self.overdue(call) from None
+                                raise
                 except rpc.McpError as exc:
                     exc.data = exc.data or {"backend": self.name}
                     raise exc.with_id(call.id) from None
