@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -173,21 +174,15 @@ class LegacyBackend(Backend):
         (session.py `_withdrawn`), and `pending` drops it too, so the InputRequiredResult
         being gathered does not ask the client for it. With nothing left pending, the wait is
         an ordinary one again (the backend may now finish the call)."""
+        overdue = functools.partial(self.overdue, call)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self.overdue(call)
             if pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise overdue()
                 message = await exchange.next_within(min(_GATHER_SECONDS, remaining))
-            elif remaining >= self.settings.timeout_seconds:
-                message = await exchange.next(self.settings.timeout_seconds)
             else:
-                try:
-                    message = await exchange.next(remaining)
-                except rpc.McpError as exc:
-                    if exc.code == rpc.BACKEND_TIMEOUT:
-                        raise self.overdue(call) from None
-                    raise
+                message = await exchange.next_by(deadline, self.settings.timeout_seconds, overdue)
             if message is None or message.get("method") != "notifications/cancelled":
                 return message
             exchange.prune(pending)

@@ -170,6 +170,22 @@ class Exchange:
                                    status=504) from None
         return self._take()
 
+    async def next_by(self, deadline: float, timeout: float, overdue: Callable[[], rpc.McpError]) -> Message:
+        """`next(timeout)`, but no later than `deadline` (time.monotonic()): past it, the error
+        `overdue()` makes (a call's max_call_seconds, however often the backend sends progress).
+        One timer per wait, the shorter of the two."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise overdue()
+        if remaining >= timeout:
+            return await self.next(timeout)
+        try:
+            return await self.next(remaining)
+        except rpc.McpError as exc:
+            if exc.code == rpc.BACKEND_TIMEOUT:
+                raise overdue() from None
+            raise
+
 
 class LegacySession(abc.ABC):
     """An initialized session; subclasses supply the transport."""

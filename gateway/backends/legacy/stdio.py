@@ -19,6 +19,7 @@ a client that lacks the one a backend request needs gets -32021.
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import itertools
 import logging
@@ -370,6 +371,7 @@ class ModernStdioBackend(Backend):
         sends progress (SHTTP: senders SHOULD enforce a maximum); a listen has neither."""
         deadline = None if call.method == "subscriptions/listen" else (
             exchange.started + self.settings.max_call_seconds)
+        overdue = functools.partial(self.overdue, call)
         try:
             while True:
                 try:
@@ -378,20 +380,8 @@ class ModernStdioBackend(Backend):
                         # nothing is waited for, so a slow reader does not make it overdue.
                         message = await exchange.next(None)
                     else:
-                        # One timer per wait, as for the per-message timeout alone: the shorter
-                        # of the two. Timed around the read only, never across a yield.
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise self.overdue(call)
-                        if remaining >= self.settings.timeout_seconds:
-                            message = await exchange.next(self.settings.timeout_seconds)
-                        else:
-                            try:
-                                message = await exchange.next(remaining)
-                            except rpc.McpError as exc:
-                                if exc.code == rpc.BACKEND_TIMEOUT:
-                                    raise self.overdue(call) from None
-                                raise
+                        # Timed around the read only, never across a yield.
+                        message = await exchange.next_by(deadline, self.settings.timeout_seconds, overdue)
                 except rpc.McpError as exc:
                     exc.data = exc.data or {"backend": self.name}
                     raise exc.with_id(call.id) from None
