@@ -9,6 +9,7 @@ caller's scopes are checked against what the request needs. Outcomes (RFC 6750 �
     no credentials / not Bearer       401  WWW-Authenticate: Bearer resource_metadata=…, scope=…
     invalid, expired, wrong aud/iss   401  … error="invalid_token", error_description=…
     malformed header, token in query  400  … error="invalid_request"
+    Authorization over 64 KiB         431  (the gateway's header limit; nothing is decoded)
     scopes missing                    403  … error="insufficient_scope", scope=<all required>
     key set unreachable, never held   503  (our outage: the client must not re-authorize)
 
@@ -53,7 +54,17 @@ log = logging.getLogger("gateway.auth")
 _B64TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
 # error_description may hold only %x20-21 / %x23-5B / %x5D-7E (RFC 6750 §3).
 _UNSAFE_DESCRIPTION = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
+# `exp` is required: a token without one never expires (RFC 9068 §2.2 makes exp REQUIRED in
+# JWT access tokens; spec §Token Handling: expired tokens MUST get 401, §Token Theft).
 _REQUIRED_CLAIMS = ["exp", "iss", "aud", "sub"]
+# The gateway's limit on a request head (http11.MAX_HEADER_BYTES, RequestLimits), applied to
+# the Authorization header before any decoding: this policy runs before RequestLimits, and
+# under `server.http: uvicorn` nothing else bounds a header, so a megabyte "token" would be
+# base64-decoded, parsed and hashed before the 431.
+MAX_AUTHORIZATION_BYTES = 64 * 1024
+# error_description echoes what the token claimed (kid, alg, crit names): bounded, so a client
+# cannot make the challenge header (or the log line) as large as its own request.
+_MAX_DESCRIPTION = 200
 
 
 class AuthFailure(Exception):
@@ -61,6 +72,8 @@ class AuthFailure(Exception):
     and a description for the client."""
 
     def __init__(self, status: int, error: str | None, description: str, scopes: tuple[str, ...] = ()) -> None:
+        if len(description) > _MAX_DESCRIPTION:
+            description = description[:_MAX_DESCRIPTION - 3] + "..."
         super().__init__(description)
         self.status = status
         self.error = error
@@ -80,6 +93,8 @@ def bearer_token(scope: asgi.Scope) -> str | None:
         return None
     if len(values) > 1:
         raise AuthFailure(400, "invalid_request", "more than one Authorization header")
+    if len(values[0]) > MAX_AUTHORIZATION_BYTES:
+        raise AuthFailure(431, None, f"the Authorization header is larger than {MAX_AUTHORIZATION_BYTES} bytes")
     scheme, _, rest = values[0].decode("latin-1").strip().partition(" ")
     if scheme.lower() != "bearer":
         # Another scheme (Basic, ...) is "no credentials we understand": a plain challenge.
@@ -92,6 +107,17 @@ def bearer_token(scope: asgi.Scope) -> str | None:
 
 def _has_query_token(query: bytes) -> bool:
     return any(part.split(b"=", 1)[0] == b"access_token" for part in query.split(b"&")) if query else False
+
+
+def _redact_query_token(scope: asgi.Scope) -> None:
+    """Blank the value of `access_token` in the request's query string. The request is refused
+    anyway, but the server's access log writes the path and query of this very scope after the
+    answer: a token sent there by mistake would be written to the log in clear (RFC 6750 §5.3:
+    URLs end up in server logs; spec: authorization §Token Theft, "tokens ... logged on the
+    server")."""
+    scope["query_string"] = b"&".join(
+        b"access_token=REDACTED" if part.split(b"=", 1)[0] == b"access_token" else part
+        for part in scope["query_string"].split(b"&"))
 
 
 def token_scopes(claims: dict[str, Any]) -> frozenset[str]:
@@ -145,8 +171,9 @@ class JwtVerifier:
             )
         except jwt.ExpiredSignatureError:
             raise _invalid("token expired") from None
-        except jwt.ImmatureSignatureError:
-            raise _invalid("token not valid yet (nbf)") from None
+        except jwt.ImmatureSignatureError as exc:
+            # pyjwt raises this for an `nbf` not reached and for an `iat` in the future.
+            raise _invalid(f"token not valid yet ({'iat in the future' if '(iat)' in str(exc) else 'nbf'})") from None
         except jwt.InvalidAudienceError:
             raise _invalid(f"token audience is not this resource ({self.audience})") from None
         except jwt.InvalidIssuerError:
@@ -191,7 +218,12 @@ class JwtAuth:
             # appear unauthenticated (ASGI: close before accept → HTTP 403).
             await send({"type": "websocket.close", "code": 1008})
             return
-        if scope["type"] != "http" or (scope["path"].rstrip("/") or "/") in self.open_paths:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("query_string") and _has_query_token(scope["query_string"]):
+            _redact_query_token(scope)  # refused below (400), or an open path: logged either way
+        if (scope["path"].rstrip("/") or "/") in self.open_paths:
             await self.app(scope, receive, send)
             return
         needed = self.scopes.for_method(self._declared_method(scope))
@@ -229,10 +261,13 @@ class JwtAuth:
                                      description=failure.description if failure.error else None)
         # Debug, not info: a 401 is the normal first step of every OAuth client.
         log.debug("auth refused (%d %s): %s", failure.status, failure.error or "no token", failure.description)
-        reason = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}[failure.status]
+        reason = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+                  431: "Request Header Fields Too Large"}[failure.status]
+        # 431 (RFC 6585 §5) is about the size of the request, not its credentials: no challenge.
+        headers = [] if failure.status == 431 else [(b"www-authenticate", challenge.encode("latin-1"))]
         await asgi.send_json(send, failure.status,
                              rpc.error_message(None, rpc.INVALID_REQUEST, f"{reason}: {failure.description}"),
-                             [(b"www-authenticate", challenge.encode("latin-1"))])
+                             headers)
 
     def _declared_method(self, scope: asgi.Scope) -> str | None:
         """The method the request says it carries, from `Mcp-Method` (header first: decided

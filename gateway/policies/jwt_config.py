@@ -35,6 +35,8 @@ _FAMILIES: dict[str, tuple[type, ...]] = {
 ASYMMETRIC_ALGORITHMS = frozenset(_FAMILIES)
 # RFC 7518 §3.2: an HMAC key at least as long as the hash output.
 MIN_HMAC_SECRET_BYTES = 32
+# RFC 7518 §3.3 and §3.5: RSA keys of 2048 bits or more.
+MIN_RSA_BITS = 2048
 # RFC 6749 §3.3 scope-token: printable ASCII without space, '"' or '\'. It also keeps the
 # scopes safe inside a quoted WWW-Authenticate parameter.
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
@@ -161,6 +163,10 @@ def _key_problems(auth: AuthSettings, source: str, algorithms: tuple[str, ...]) 
     wrong = [a for a in algorithms if not isinstance(key, _FAMILIES[a])]
     if wrong:
         return [f"algorithms {wrong} do not fit the configured {type(key).__name__.removeprefix('_')} public key"]
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < MIN_RSA_BITS:
+        # RFC 7518 §3.3/§3.5: RS*/PS* keys MUST be at least 2048 bits (JWKS keys: jwt_keys).
+        return [(f"the public key is a {key.key_size}-bit RSA key; at least {MIN_RSA_BITS} bits are required "
+                 "(RFC 7518 §3.3)")]
     return []
 
 

@@ -7,9 +7,13 @@ urllib) and is built to survive its IdP:
 - keys are cached by `kid` for `cache_seconds`;
 - a token naming a `kid` the cache lacks (key rotation) triggers a refetch, but at most one
   per `min_refresh_seconds`, so a flood of tokens with random kids cannot hammer the IdP;
-- concurrent refetches are coalesced into one request;
-- when a refetch fails (IdP down, garbage answer) the last good set keeps serving, however
-  old: refusing every caller because the IdP blinked would turn its outage into ours.
+- concurrent refetches are coalesced into one request, and every request that needs the
+  refetch waits for the one in flight rather than failing beside it;
+- when a refetch fails (IdP down, garbage answer, too slow) the last good set keeps serving,
+  however old: refusing every caller because the IdP blinked would turn its outage into ours;
+- a fetch has one deadline, `timeout_seconds`, for the whole exchange (httpx's own timeout
+  bounds each read, not their sum), so a JWKS server that trickles its answer cannot hold a
+  request longer than that.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from typing import Any, Protocol
 import httpx
 import jwt
 import orjson
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from gateway.policies.jwt_config import MIN_RSA_BITS
 
 log = logging.getLogger("gateway.auth.jwks")
 
@@ -73,7 +80,7 @@ class JwksKeys:
         self._parsed: dict[tuple[str, str], Any] = {}  # (kid, alg) -> verification key
         self._fetched_at: float | None = None  # last successful fetch
         self._attempted_at: float | None = None  # last attempt, successful or not
-        self._lock = asyncio.Lock()
+        self._fetching: asyncio.Future[None] | None = None  # the fetch in flight
         self.fetches = 0  # attempts made, for metrics and tests
 
     async def key_for(self, kid: str | None, alg: str) -> Any:
@@ -86,23 +93,38 @@ class JwksKeys:
         return self._key(kid, alg)
 
     async def _refresh(self, asked_at: float) -> None:
-        if self._attempted_at is not None and asked_at - self._attempted_at < self.min_refresh_seconds:
-            return  # rate limit: at most one fetch per min_refresh_seconds, whatever the kids
-        async with self._lock:
-            # Someone else fetched while we waited: their answer is as fresh as ours would be.
-            if self._attempted_at is not None and self._attempted_at >= asked_at:
-                return
+        fetching = self._fetching
+        if fetching is None:
+            if self._attempted_at is not None and asked_at - self._attempted_at < self.min_refresh_seconds:
+                return  # rate limit: at most one fetch per min_refresh_seconds, whatever the kids
             self._attempted_at = self.clock()
             self.fetches += 1
-            try:
+            fetching = self._fetching = asyncio.ensure_future(self._update())
+            fetching.add_done_callback(self._fetch_ended)
+        # Every caller that needs a refresh waits for the fetch in flight, whoever started it:
+        # returning at once (as the rate limit does between fetches) would answer a burst at a
+        # cold start with 503 and the requests racing a key rotation with 401, while the
+        # answer they need is on its way. Bounded by the fetch's deadline; shielded, so a
+        # caller that goes away does not cancel the fetch the others are waiting for.
+        await asyncio.shield(fetching)
+
+    def _fetch_ended(self, fetching: asyncio.Future[None]) -> None:
+        self._fetching = None
+
+    async def _update(self) -> None:
+        try:
+            # One deadline for the whole fetch: httpx's timeout applies to each connect and
+            # each read, so an answer trickled a byte at a time would never trip it.
+            async with asyncio.timeout(self.timeout_seconds):
                 keys = await self._fetch()
-            except Exception as exc:  # noqa: BLE001 - any failure means "keep the old set"
-                held = f"keeping the {len(self._jwks)} cached key(s)" if self._fetched_at is not None else "no keys cached"
-                log.warning("JWKS fetch from %s failed (%s); %s", self.url, exc, held)
-                return
-            if keys != self._jwks:
-                self._jwks, self._parsed = keys, {}
-            self._fetched_at = self._attempted_at
+        except Exception as exc:  # noqa: BLE001 - any failure means "keep the old set"
+            held = f"keeping the {len(self._jwks)} cached key(s)" if self._fetched_at is not None else "no keys cached"
+            reason = "no complete answer within the deadline" if isinstance(exc, TimeoutError) else exc
+            log.warning("JWKS fetch from %s failed (%s); %s", self.url, reason, held)
+            return
+        if keys != self._jwks:
+            self._jwks, self._parsed = keys, {}
+        self._fetched_at = self._attempted_at
 
     async def _fetch(self) -> dict[str, dict[str, Any]]:
         # One short-lived client per fetch: fetches are rare (once per cache period, or a
@@ -123,9 +145,13 @@ class JwksKeys:
             raise ValueError("not a JWK Set (no 'keys' list)")  # noqa: TRY004 - one "bad answer" type
         keys: dict[str, dict[str, Any]] = {}
         for jwk in document["keys"]:
-            # Signature keys only (RFC 7517 §4.2), and never a symmetric one: a key published
-            # in a JWKS is public, so an 'oct' key there would let anyone mint tokens.
+            # Signature keys only (RFC 7517 §4.2 `use`, §4.3 `key_ops`: a key whose operations
+            # do not include "verify" is not for checking signatures), and never a symmetric
+            # one: a key published in a JWKS is public, so an 'oct' key there would let anyone
+            # mint tokens.
             if not isinstance(jwk, dict) or jwk.get("kty") in (None, "oct") or jwk.get("use", "sig") != "sig":
+                continue
+            if "key_ops" in jwk and not (isinstance(jwk["key_ops"], list) and "verify" in jwk["key_ops"]):
                 continue
             keys[str(jwk.get("kid", ""))] = jwk
         if not keys:
@@ -151,5 +177,9 @@ class JwksKeys:
             key = jwt.PyJWK(jwk, algorithm=alg).key
         except jwt.PyJWTError as exc:
             raise KeyUnavailable(f"key {kid!r} cannot verify {alg}: {exc}") from None
+        if isinstance(key, rsa.RSAPublicKey) and key.key_size < MIN_RSA_BITS:
+            # RFC 7518 §3.3/§3.5 MUST; pyjwt only warns unless told otherwise (and only from 2.13).
+            raise KeyUnavailable(f"key {kid!r} is a {key.key_size}-bit RSA key; at least {MIN_RSA_BITS} bits "
+                                 "are required (RFC 7518 §3.3)")
         self._parsed[(kid, alg)] = key
         return key

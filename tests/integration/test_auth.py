@@ -4,11 +4,15 @@ SDK's MCPServer fixture; a raw recorder where the test must see what arrived ups
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import httpx2
+import orjson
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -260,3 +264,193 @@ async def test_method_scopes_cannot_be_dodged_on_the_http_sse_transport(settings
         # The same headers on the MCP endpoint itself still choose the method's scopes.
         listed = await mcp_http.post(client, gw.url, "tools/list", extra_headers=bearer(issuer.token(scope="mcp:read")))
         assert listed.status_code == 200
+
+
+# -- token transport, over real HTTP ------------------------------------------------------------
+
+
+async def raw_post(port: int, head_lines: list[str]) -> tuple[int, dict[str, str]]:
+    """One tools/list written byte for byte (httpx would merge or refuse what this sends)."""
+    body = orjson.dumps(mcp_http.body("tools/list"))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        head = "".join(f"{line}\r\n" for line in ["POST /mcp HTTP/1.1", "host: 127.0.0.1", *head_lines,
+                                                    f"content-length: {len(body)}"])
+        writer.write(head.encode("latin-1") + b"\r\n" + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    finally:
+        writer.close()
+    status_line, *fields = answer.decode("latin-1").split("\r\n")
+    return int(status_line.split()[1]), {k.lower(): v.strip() for k, _, v in (f.partition(":") for f in fields if f)}
+
+
+@pytest.mark.parametrize("http", ["gateway", "uvicorn"])
+async def test_only_the_authorization_header_carries_the_token(conformance_backend, jwks, issuer, http):
+    """OAuth 2.1 §5.1 / spec §Token Requirements: `Authorization: Bearer` (scheme in any case)
+    and nothing else: not the query string (400), not a form body (no credentials: 401), not
+    two headers, not an empty Bearer (400)."""
+    served, _ = jwks
+    settings = {**gateway_settings(conformance_backend.url, f"{served.base}/jwks"), "server": {"http": http}}
+    token = issuer.token(scope="mcp:read mcp:tools")
+    mcp = [f"{k}: {v}" for k, v in mcp_http.headers("tools/list").items()]
+    async with running_gateway(settings) as gw, httpx.AsyncClient() as client:
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            assert (await raw_post(gw.port, [*mcp, f"authorization: {scheme} {token}"]))[0] == 200, scheme
+        status, headers = await raw_post(gw.port, [*mcp, f"authorization: Bearer {token}", f"authorization: Bearer {token}"])
+        assert status == 400 and 'error="invalid_request"' in headers["www-authenticate"]
+        status, headers = await raw_post(gw.port, [*mcp, "authorization: Bearer "])
+        assert status == 400 and 'error="invalid_request"' in headers["www-authenticate"]
+
+        in_query = await mcp_http.post(client, f"{gw.url}?access_token={token}", "tools/list")
+        assert in_query.status_code == 400 and "query string" in in_query.headers["www-authenticate"]
+        in_form = await client.post(gw.url, content=f"access_token={token}", headers={
+            **mcp_http.headers("tools/list"), "content-type": "application/x-www-form-urlencoded"})
+        assert in_form.status_code == 401
+        assert in_form.headers["www-authenticate"] == f'Bearer scope="mcp:read", resource_metadata="{PRM_URL}"'
+
+
+@pytest.mark.parametrize("http", ["gateway", "uvicorn"])
+async def test_an_oversized_token_is_431_and_never_decoded(conformance_backend, jwks, issuer, http):
+    """A 100 KB token is past the gateway's 64 KiB header limit: 431, promptly, under both HTTP
+    protocols. "Never decoded" is visible from outside: its unknown kid would make the gateway
+    fetch the JWKS, and the JWKS server sees no fetch."""
+    served, endpoint = jwks
+    settings = {**gateway_settings(conformance_backend.url, f"{served.base}/jwks"), "server": {"http": http}}
+    token = issuer.token(scope="mcp:read", headers={"kid": "unknown"}, padding="x" * 100_000)
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as client:
+        started = time.monotonic()
+        response = await mcp_http.post(client, gw.url, "tools/list", extra_headers=bearer(token))
+        assert time.monotonic() - started < 2
+        assert response.status_code == 431, response.text
+        assert "www-authenticate" not in response.headers
+        # A large token the gateway does accept (some IdPs put many groups in theirs).
+        large = issuer.token(scope="mcp:read", padding="x" * 30_000)
+        assert (await mcp_http.post(client, gw.url, "tools/list", extra_headers=bearer(large))).status_code == 200
+    assert endpoint.fetches == 1  # for the large token; none for the oversized one
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
+@pytest.mark.parametrize("http", ["gateway", "uvicorn"])
+async def test_tokens_are_never_logged(conformance_backend, jwks, issuer, caplog, http):
+    """With the access log on and every logger at DEBUG, no part of any token the clients sent
+    (accepted, refused, in the query string by mistake, in a form body) reaches a log line."""
+    served, _ = jwks
+    settings = {**gateway_settings(conformance_backend.url, f"{served.base}/jwks"), "server": {"http": http}}
+    good = issuer.token(scope="mcp:read mcp:tools")
+    tokens = [good, issuer.token(scope="mcp:read", lifetime=-3600), Issuer(keys=[rsa_key("k1")]).token(),
+              issuer.token(headers={"kid": "nope"}), issuer.token(scope="")]
+    access = _Lines()
+    caplog.set_level(logging.DEBUG)
+    async with running_gateway(settings, uvicorn_options={"access_log": True, "log_level": "debug"}) as gw:
+        logging.getLogger("uvicorn.access").addHandler(access)
+        try:
+            async with httpx.AsyncClient() as client:
+                for token in tokens:
+                    await call_tool(client, gw.url, token)
+                    await mcp_http.post(client, f"{gw.url}?x=1&access_token={token}", "tools/list")
+                    await mcp_http.post(client, f"{gw.url}?access_token={token}", "tools/list", extra_headers=bearer(good))
+                    await client.post(gw.url, content=f"access_token={token}", headers={
+                        **mcp_http.headers("tools/list"), "content-type": "application/x-www-form-urlencoded"})
+        finally:
+            logging.getLogger("uvicorn.access").removeHandler(access)
+    # The client's own logger (httpx) prints the URLs it was given: only the server's count.
+    lines = access.lines + [f"{r.name}: {r.getMessage()}" for r in caplog.records
+                            if r.name.startswith(("gateway", "uvicorn"))]
+    assert any("access_token=REDACTED" in line for line in access.lines), access.lines  # the log did run
+    assert any("auth refused" in line for line in lines)
+    for token in tokens:
+        payload, signature = token.split(".")[1:]
+        leaked = [line for line in lines if payload in line or signature in line]
+        assert not leaked, leaked
+
+
+# -- the JWKS in trouble ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["error", "garbage", "huge", "slow"])
+async def test_a_jwks_that_fails_before_any_fetch_is_a_prompt_503(conformance_backend, issuer, answer):
+    """No key was ever held: the gateway cannot judge the token. 503 naming the JWKS (not 401:
+    the client's token may be fine), within about jwks_timeout_seconds, never a 500 or a hang."""
+    endpoint = JwksEndpoint(Issuer(keys=list(issuer.keys)), answer=answer)
+    async with serve(endpoint) as idp:
+        settings = gateway_settings(conformance_backend.url, f"{idp.base}/jwks", jwks_timeout_seconds=0.5)
+        async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=5) as client:
+            started = time.monotonic()
+            response = await call_tool(client, gw.url, issuer.token(scope="mcp:read mcp:tools"))
+            elapsed = time.monotonic() - started
+    assert response.status_code == 503, response.text
+    assert "www-authenticate" not in response.headers and response.headers["retry-after"]
+    body = response.json()
+    assert "cannot verify the access token" in body["error"]["message"]
+    assert body["error"]["data"]["url"] == f"{idp.base}/jwks"
+    assert elapsed < 2.5
+    assert endpoint.fetches == 1
+
+
+@pytest.mark.parametrize("answer", ["error", "garbage", "huge", "slow", "down"])
+async def test_a_jwks_that_fails_later_keeps_the_cached_keys_working(conformance_backend, issuer, answer):
+    """The cached set has gone stale and every refetch fails: tokens signed with a cached key
+    are still accepted, promptly; a token signed with a key the IdP published only in the
+    answer it cannot deliver (here: in the oversized one) is a 401 naming the kid."""
+    endpoint = JwksEndpoint(Issuer(keys=list(issuer.keys)))
+    idp = ServedApp(endpoint)
+    await idp.start()
+    settings = gateway_settings(conformance_backend.url, f"{idp.base}/jwks", jwks_timeout_seconds=0.5,
+                                jwks_cache_seconds=0.2, jwks_min_refresh_seconds=0)
+    rotated = rsa_key("k2")
+    try:
+        async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=5) as client:
+            assert (await call_tool(client, gw.url, issuer.token(scope="mcp:read mcp:tools"))).status_code == 200
+            endpoint.issuer.keys.append(rotated)
+            if answer == "down":
+                await idp.stop()
+            else:
+                endpoint.answer = answer
+            await asyncio.sleep(0.25)  # past jwks_cache_seconds: every request now tries a refetch
+            started = time.monotonic()
+            known = await call_tool(client, gw.url, issuer.token("alice", scope="mcp:read mcp:tools"))
+            unknown = await call_tool(client, gw.url, issuer.token("bob", scope="mcp:read mcp:tools", key=rotated))
+            elapsed = time.monotonic() - started
+    finally:
+        await idp.stop()
+    assert known.status_code == 200, known.text
+    assert unknown.status_code == 401, unknown.text
+    assert "no key with kid 'k2'" in unknown.headers["www-authenticate"]
+    assert elapsed < 3
+    assert endpoint.fetches == (1 if answer == "down" else 3)
+
+
+async def test_a_burst_at_a_cold_start_waits_for_the_one_fetch(conformance_backend, issuer):
+    """Twenty clients at once against a fresh gateway whose IdP takes 300 ms to answer: all are
+    served (none gets 503 because the first one's fetch is still in flight), from one fetch."""
+    endpoint = JwksEndpoint(Issuer(keys=list(issuer.keys)), delay_seconds=0.3)
+    async with serve(endpoint) as idp:
+        settings = gateway_settings(conformance_backend.url, f"{idp.base}/jwks")
+        async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=5) as client:
+            first = asyncio.create_task(call_tool(client, gw.url, issuer.token("u0", scope="mcp:read mcp:tools")))
+            while endpoint.fetches == 0:
+                await asyncio.sleep(0.01)
+            rest = [call_tool(client, gw.url, issuer.token(f"u{i}", scope="mcp:read mcp:tools")) for i in range(1, 20)]
+            responses = await asyncio.gather(first, *rest)
+    assert [r.status_code for r in responses] == [200] * 20
+    assert endpoint.fetches == 1
+
+
+async def test_a_concurrent_flood_of_unknown_kids_costs_the_idp_one_fetch(settings, jwks, issuer):
+    _, endpoint = jwks
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as client:
+        for wave in ("cold", "warm"):
+            responses = await asyncio.gather(*(
+                call_tool(client, gw.url, issuer.token(scope="mcp:read mcp:tools", headers={"kid": f"{wave}-{i}"}))
+                for i in range(50)))
+            assert {r.status_code for r in responses} == {401}, wave
+    assert endpoint.fetches == 1  # both waves fall within jwks_min_refresh_seconds of the one fetch

@@ -130,10 +130,22 @@ class ServedApp:
 
 
 class JwksEndpoint:
-    """GET /jwks → the issuer's current key set; counts the fetches it answered."""
+    """GET /jwks → the issuer's current key set; counts the fetches it answered.
 
-    def __init__(self, issuer: Issuer) -> None:
+    `answer` makes it misbehave, as an IdP in trouble does: "error" (HTTP 500), "garbage"
+    (200, not JSON), "huge" (200, the current key set padded to `HUGE_BYTES`), "slow" (200,
+    the key set trickled one byte every `drip_seconds` until the client hangs up).
+    `delay_seconds` holds every answer back that long, so a test can act while a fetch is in
+    flight."""
+
+    HUGE_BYTES = 2 * 1024 * 1024
+
+    def __init__(self, issuer: Issuer, *, answer: str = "ok", drip_seconds: float = 0.05,
+                 delay_seconds: float = 0.0) -> None:
         self.issuer = issuer
+        self.answer = answer
+        self.drip_seconds = drip_seconds
+        self.delay_seconds = delay_seconds  # before any answer: a fetch stays in flight this long
         self.fetches = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -141,7 +153,41 @@ class JwksEndpoint:
             await _reply(send, 404, {"error": "not found"})
             return
         self.fetches += 1
-        await _reply(send, 200, self.issuer.jwks())
+        if self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
+        if self.answer == "error":
+            await _reply(send, 500, {"error": "the IdP is having a bad day"})
+        elif self.answer == "garbage":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": b"<html>502 Bad Gateway</html>"})
+        elif self.answer == "huge":
+            await _reply(send, 200, {**self.issuer.jwks(), "padding": "x" * self.HUGE_BYTES})
+        elif self.answer == "slow":
+            await self._trickle(receive, send, orjson.dumps(self.issuer.jwks()))
+        else:
+            await _reply(send, 200, self.issuer.jwks())
+
+    async def _trickle(self, receive: Any, send: Any, body: bytes) -> None:
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            for i in range(len(body)):
+                if gone.is_set():
+                    return
+                await send({"type": "http.response.body", "body": body[i:i + 1], "more_body": True})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gone.wait(), self.drip_seconds)
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            watcher.cancel()
 
 
 class RecordingBackend:

@@ -4,6 +4,7 @@ scopes per method and their hierarchy, open paths, and NoAuth's principals."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -11,7 +12,7 @@ import jwt
 import pytest
 
 from gateway.policies.auth import ANONYMOUS, NoAuth, Principal, credential_principal
-from gateway.policies.jwt_auth import JwtAuth, www_authenticate
+from gateway.policies.jwt_auth import MAX_AUTHORIZATION_BYTES, JwtAuth, www_authenticate
 from gateway.settings import load_settings
 from tests.support.oauth import AUDIENCE, ISSUER, Issuer, ec_key, rsa_key, unsigned_token
 
@@ -96,25 +97,82 @@ async def test_other_scheme_is_a_plain_challenge(issuer):
     assert "error=" not in challenge(response)
 
 
-@pytest.mark.parametrize("case", ["expired", "audience", "issuer", "signature", "alg_none", "no_sub", "garbage",
-                                  "hmac_with_public_key", "not_yet_valid"])
+INVALID = {
+    # case: (what the error_description must say)
+    "expired": "expired",
+    "audience": "audience",
+    "issuer": "issuer",
+    "signature": "signature",
+    "alg_none": "'none' is not accepted",
+    "alg_None_capitalised": "'None' is not accepted",
+    "no_sub": "'sub'",
+    "garbage": "not a JWT",
+    "hmac_with_public_key": "'HS256' is not accepted",
+    "not_yet_valid": "not valid yet (nbf)",
+    # Claims: exp is required (RFC 9068 §2.2), iat may not lie in the future, iss and aud
+    # are compared exactly (RFC 8707: the audience is this resource's canonical URI).
+    "no_exp": "no 'exp' claim",
+    "no_iss": "no 'iss' claim",
+    "no_aud": "no 'aud' claim",
+    "iat_in_the_future": "not valid yet (iat in the future)",
+    "audience_with_trailing_slash": "audience",
+    "audience_host_only": "audience",
+    "audience_list_without_us": "audience",
+    "audience_not_strings": "audience",
+    "issuer_prefix": "issuer",
+    "issuer_with_trailing_slash": "issuer",
+    # An algorithm the key could compute but the allow-list does not name (here: RS256 only).
+    "alg_outside_the_allow_list": "'RS512' is not accepted",
+    "alg_ps256_with_the_rsa_key": "'PS256' is not accepted",
+    # Header parameters that would choose the key: never followed (only kid looks up a key).
+    "embedded_jwk": "signature",
+    "jku": "signature",
+    # RFC 7515 §4.1.11: an extension listed in crit that the recipient does not know → invalid.
+    "unknown_crit": "critical extension",
+    # A header nested past the JSON parser's recursion limit: a 401, not a 500.
+    "deeply_nested_header": "not a JWT",
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
 async def test_invalid_tokens_are_401_invalid_token(issuer, case):
     pem = issuer.keys[0].public_pem().encode()
+    now = int(time.time())
+    claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "exp": 2**31}
+    attacker = rsa_key(issuer.keys[0].kid)
     make = {
         "expired": lambda: issuer.token(lifetime=-120),
         "audience": lambda: issuer.token(aud="https://other.test/mcp"),
         "issuer": lambda: issuer.token(iss="https://evil.test"),
-        "signature": lambda: Issuer(keys=[rsa_key(issuer.keys[0].kid)]).token(),
-        "alg_none": lambda: unsigned_token({"iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "exp": 2**31}, issuer.keys[0].kid),
+        "signature": lambda: Issuer(keys=[attacker]).token(),
+        "alg_none": lambda: unsigned_token(claims, issuer.keys[0].kid),
+        "alg_None_capitalised": lambda: _forged({"alg": "None", "kid": issuer.keys[0].kid}, claims, b""),
         "no_sub": lambda: issuer.token(sub=None),
         "garbage": lambda: "not.a.jwt",
         # The algorithm-confusion attack: HS256 keyed with the public key's PEM bytes.
-        "hmac_with_public_key": lambda: _hs256(pem, {"iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "exp": 2**31}),
+        "hmac_with_public_key": lambda: _hs256(pem, claims),
         "not_yet_valid": lambda: issuer.token(nbf=2**31 - 10),
+        "no_exp": lambda: issuer.token(exp=None),
+        "no_iss": lambda: issuer.token(iss=None),
+        "no_aud": lambda: issuer.token(aud=None),
+        "iat_in_the_future": lambda: issuer.token(iat=now + 3600),
+        "audience_with_trailing_slash": lambda: issuer.token(aud=AUDIENCE + "/"),
+        "audience_host_only": lambda: issuer.token(aud="https://mcp.test"),
+        "audience_list_without_us": lambda: issuer.token(aud=["https://other.test/mcp", "https://mcp.test"]),
+        "audience_not_strings": lambda: issuer.token(aud=[1, 2]),
+        "issuer_prefix": lambda: issuer.token(iss="https://idp"),
+        "issuer_with_trailing_slash": lambda: issuer.token(iss=ISSUER + "/"),
+        "alg_outside_the_allow_list": lambda: jwt.encode(claims, issuer.keys[0].private, algorithm="RS512",
+                                                         headers={"kid": issuer.keys[0].kid}),
+        "alg_ps256_with_the_rsa_key": lambda: jwt.encode(claims, issuer.keys[0].private, algorithm="PS256",
+                                                         headers={"kid": issuer.keys[0].kid}),
+        "embedded_jwk": lambda: Issuer(keys=[attacker]).token(headers={"jwk": attacker.public_jwk()}),
+        "jku": lambda: Issuer(keys=[attacker]).token(headers={"jku": "https://evil.test/jwks"}),
+        "unknown_crit": lambda: issuer.token(headers={"crit": ["x-policy"], "x-policy": "strict"}),
+        "deeply_nested_header": lambda: _forged({"alg": "RS256", "x": "NEST"}, claims, b"sig",
+                                                nest=5000),
     }
-    expected = {"expired": "expired", "audience": "audience", "issuer": "issuer", "signature": "signature",
-                "alg_none": "'none' is not accepted", "no_sub": "'sub'", "garbage": "not a JWT",
-                "hmac_with_public_key": "'HS256' is not accepted", "not_yet_valid": "not valid yet"}
+    expected = INVALID
     downstream = Downstream()
     response = await request(JwtAuth(downstream, auth=auth_settings(issuer)), make[case]())
     assert response.status_code == 401, response.text
@@ -124,6 +182,20 @@ async def test_invalid_tokens_are_401_invalid_token(issuer, case):
     assert expected[case] in header  # error_description says what failed
     assert_idless_error(response, expected[case])
     assert downstream.seen == []
+
+
+def _forged(header: dict[str, Any], payload: dict[str, Any], signature: bytes, *, nest: int = 0) -> str:
+    """A token assembled by hand, with any header; `nest` replaces "NEST" in the header by an
+    array nested that deep."""
+    import base64
+
+    import orjson
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    raw_header = orjson.dumps(header).replace(b'"NEST"', b"[" * nest + b"]" * nest)
+    return f"{b64(raw_header)}.{b64(orjson.dumps(payload))}.{b64(signature)}"
 
 
 def _hs256(secret: bytes, payload: dict[str, Any]) -> str:
@@ -148,9 +220,27 @@ async def test_leeway_accepts_a_token_just_past_expiry(issuer):
     assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer, leeway_seconds=0)), token)).status_code == 401
 
 
-async def test_audience_list_containing_the_gateway_is_accepted(issuer):
-    token = issuer.token(aud=["https://other.test", AUDIENCE])
-    assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer)), token)).status_code == 200
+async def test_leeway_accepts_a_token_just_before_nbf(issuer):
+    token = issuer.token(nbf=int(time.time()) + 10)
+    assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer, leeway_seconds=30)), token)).status_code == 200
+    assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer, leeway_seconds=0)), token)).status_code == 401
+
+
+async def test_audience_as_a_string_or_a_list_containing_the_gateway_is_accepted(issuer):
+    for aud in (AUDIENCE, [AUDIENCE], ["https://other.test", AUDIENCE]):
+        token = issuer.token(aud=aud)
+        assert (await request(JwtAuth(Downstream(), auth=auth_settings(issuer)), token)).status_code == 200, aud
+
+
+async def test_the_error_description_is_bounded(issuer):
+    """The description echoes what the token claims (here a 5000-character `alg`): bounded, so
+    a client cannot make the challenge as large as its own request."""
+    token = _forged({"alg": "X" * 5000}, {"sub": "a"}, b"s")
+    response = await request(JwtAuth(Downstream(), auth=auth_settings(issuer)), token)
+    assert response.status_code == 401
+    assert challenge(response).startswith('Bearer error="invalid_token"')
+    assert "XXXX" in challenge(response) and len(challenge(response)) < 400
+    assert len(response.json()["error"]["message"]) < 300
 
 
 # -- 400: malformed --------------------------------------------------------------------------
@@ -183,6 +273,63 @@ async def test_token_in_query_string_is_refused_even_beside_a_good_header(issuer
     assert downstream.seen == []
 
 
+@pytest.mark.parametrize("path", ["/mcp", "/healthz"])
+async def test_a_token_in_the_query_string_is_redacted_from_the_scope(issuer, path):
+    """The server writes its access log line from the request's scope after the answer: the
+    token must be gone from scope["query_string"] by then (RFC 6750 §5.3), on a refused
+    request and on an open path alike."""
+    token = issuer.token()
+    scopes: list[dict[str, Any]] = []
+    policy = JwtAuth(Downstream(), auth=auth_settings(issuer), open_paths=["/healthz"])
+
+    async def server(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scopes.append(scope)
+        await policy(scope, receive, send)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=server), base_url="http://testserver") as client:
+        response = await client.post(f"{path}?x=1&access_token={token}&y=2", content=b"{}")
+    assert response.status_code == (400 if path == "/mcp" else 200)
+    assert scopes[0]["query_string"] == b"x=1&access_token=REDACTED&y=2"
+
+
+async def test_an_authorization_header_past_the_header_limit_is_431_unread(issuer):
+    """Past 64 KiB (the gateway's limit on a whole request head) the token is not decoded at
+    all: 431, even when it is a valid token, and no challenge (the credentials are not at
+    fault, the size is)."""
+    token = issuer.token(scope="a", padding="x" * (MAX_AUTHORIZATION_BYTES + 1))
+    downstream = Downstream()
+    response = await request(JwtAuth(downstream, auth=auth_settings(issuer)), token)
+    assert response.status_code == 431
+    assert "www-authenticate" not in response.headers
+    assert_idless_error(response, f"larger than {MAX_AUTHORIZATION_BYTES} bytes")
+    assert downstream.seen == []
+    # Just under the limit, a valid token is still a valid token.
+    fits = issuer.token(scope="a", padding="x" * (MAX_AUTHORIZATION_BYTES * 3 // 4 - 1000))
+    assert (await request(JwtAuth(downstream, auth=auth_settings(issuer)), fits)).status_code == 200
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+async def test_the_bearer_scheme_is_case_insensitive(issuer, scheme):
+    """RFC 9110 §11.1: auth schemes are case-insensitive."""
+    token = issuer.token()
+    response = await request(JwtAuth(Downstream(), auth=auth_settings(issuer)),
+                             headers={"authorization": f"{scheme} {token}"})
+    assert response.status_code == 200
+
+
+async def test_a_token_in_a_form_body_is_not_a_credential(issuer):
+    """OAuth 2.1 §5.1 keeps only the header (RFC 6750 §2.2's form parameter is gone): a form
+    body with access_token is a request without credentials."""
+    downstream = Downstream()
+    policy = JwtAuth(downstream, auth=auth_settings(issuer))
+    async with client_for(policy) as client:
+        response = await client.post("/mcp", content=f"access_token={issuer.token()}",
+                                     headers={**MODERN, "content-type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 401
+    assert challenge(response) == f'Bearer resource_metadata="{PRM}"'
+    assert downstream.seen == []
+
+
 # -- accepted -------------------------------------------------------------------------------
 
 
@@ -191,6 +338,25 @@ async def test_valid_token_sets_the_principal(issuer):
     response = await request(JwtAuth(downstream, auth=auth_settings(issuer)), issuer.token("alice", scope="a b"))
     assert response.status_code == 200 and response.text == "reached"
     assert downstream.seen == [Principal("alice", ISSUER, True, frozenset({"a", "b"}))]
+
+
+@pytest.mark.parametrize("claims", [{"scope": "files:read x"}, {"scp": ["files:read", "x"]}, {"scp": "files:read x"},
+                                    {"scope": "x", "scp": ["files:read"]}])
+async def test_scopes_from_scope_or_scp(issuer, claims):
+    downstream = Downstream()
+    auth = auth_settings(issuer, required_scopes=["files:read"])
+    response = await request(JwtAuth(downstream, auth=auth), issuer.token("bob", **claims))
+    assert response.status_code == 200
+    assert downstream.seen[0].scopes == {"files:read", "x"}
+
+
+@pytest.mark.parametrize("claims", [{}, {"scope": "files:readx"}, {"scope": "files:read,x"}, {"scp": [["files:read"]]},
+                                    {"scope": ["FILES:READ"]}])
+async def test_scopes_are_matched_exactly(issuer, claims):
+    auth = auth_settings(issuer, required_scopes=["files:read"])
+    response = await request(JwtAuth(Downstream(), auth=auth), issuer.token("bob", **claims))
+    assert response.status_code == 403
+    assert challenge(response).startswith('Bearer error="insufficient_scope", scope="files:read", resource_metadata=')
 
 
 async def test_ec_key_and_scp_list_claim(issuer):

@@ -86,6 +86,16 @@ def test_public_key_algorithm_follows_the_key(tmp_path: Path):
     assert "do not fit" in problems(jwks_url=None, public_key=ec.public_pem(), algorithms=["RS256"])
 
 
+def test_an_rsa_public_key_under_2048_bits_is_refused():
+    """RFC 7518 §3.3: RS256 keys MUST be 2048 bits or more (pyjwt would accept and warn)."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from tests.support.oauth import SigningKey
+
+    weak = SigningKey("weak", "RS256", rsa.generate_private_key(public_exponent=65537, key_size=1024))
+    assert "1024-bit RSA key; at least 2048 bits" in problems(jwks_url=None, public_key=weak.public_pem())
+
+
 def test_secret_is_not_printed():
     settings = auth(jwks_url=None, hs256_secret="a-very-secret-value-of-32-bytes!!")
     assert "a-very-secret" not in repr(settings) and "a-very-secret" not in str(settings.model_dump())

@@ -1,18 +1,21 @@
 """JwksKeys against a real JWKS endpoint on 127.0.0.1: caching by kid, refresh on rotation,
-the refresh rate limit, coalescing, and serving cached keys while the IdP is down. Time is a
-test-controlled clock, so nothing here sleeps or times anything."""
+the refresh rate limit, coalescing, serving cached keys while the IdP is down, and which keys
+of a set may verify which tokens. Time is a test-controlled clock, so nothing here sleeps;
+only the fetch deadline is measured, against a server that really trickles its answer."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gateway.policies.jwt_keys import JwksKeys, KeySetUnreachable, KeyUnavailable
-from tests.support.oauth import Issuer, JwksEndpoint, ServedApp, ec_key, rsa_key, serve
 from tests.support.clock import ManualClock
+from tests.support.oauth import Issuer, JwksEndpoint, ServedApp, SigningKey, ec_key, rsa_key, serve
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +94,45 @@ async def test_concurrent_cold_lookups_share_one_fetch(keys):
     assert len(found) == 20 and endpoint.fetches == 1
 
 
+async def test_lookups_arriving_during_a_fetch_wait_for_it(keys):
+    """A request that arrives while a fetch is in flight gets that fetch's answer: at a cold
+    start (else 503, 'never fetched') and during a rotation (else 401, 'no key b'), and the IdP
+    still sees one request per refresh."""
+    issuer = Issuer(keys=[keys["a"]])
+    endpoint = JwksEndpoint(issuer, delay_seconds=0.3)
+    clock = ManualClock(1000.0)
+
+    async def lookups_racing_one_fetch(kid: str, fetches_before: int) -> list[Any]:
+        first = asyncio.create_task(jwks.key_for(kid, "RS256"))
+        while endpoint.fetches == fetches_before:  # the fetch has reached the IdP
+            await asyncio.sleep(0.01)
+        later = [asyncio.create_task(jwks.key_for(kid, "RS256")) for _ in range(5)]
+        return await asyncio.gather(first, *later)
+
+    async with serve(endpoint) as idp:
+        jwks = source(f"{idp.base}/jwks", clock)
+        assert all(await lookups_racing_one_fetch("a", 0))
+        assert endpoint.fetches == 1
+        issuer.keys.append(keys["b"])
+        clock.now += 31
+        assert all(await lookups_racing_one_fetch("b", 1))
+        assert endpoint.fetches == 2
+
+
+async def test_a_caller_that_goes_away_does_not_cancel_the_fetch(keys):
+    endpoint = JwksEndpoint(Issuer(keys=[keys["a"]]), delay_seconds=0.3)
+    async with serve(endpoint) as idp:
+        jwks = source(f"{idp.base}/jwks", ManualClock(1000.0))
+        impatient = asyncio.create_task(jwks.key_for("a", "RS256"))
+        while endpoint.fetches == 0:
+            await asyncio.sleep(0.01)
+        patient = asyncio.create_task(jwks.key_for("a", "RS256"))
+        await asyncio.sleep(0)
+        impatient.cancel()
+        assert await patient
+    assert endpoint.fetches == 1
+
+
 async def test_idp_down_keeps_serving_the_cached_set(keys):
     endpoint = JwksEndpoint(Issuer(keys=[keys["a"]]))
     clock = ManualClock(1000.0)
@@ -167,6 +209,89 @@ async def test_kidless_token_only_with_a_single_key(keys):
         with pytest.raises(KeyUnavailable, match="names no key"):
             await source(f"{two.base}/jwks", ManualClock(1000.0)).key_for(None, "RS256")
 
+
+async def test_a_key_without_alg_must_still_fit_the_token(keys):
+    """A JWK need not name its `alg`; then its `kty` decides: an EC key never verifies RS256
+    (and an RSA key never ES256), whatever the token's header says."""
+    bare = [{k: v for k, v in keys[kid].public_jwk().items() if k != "alg"} for kid in ("a", "e")]
+
+    async def no_alg(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": orjson.dumps({"keys": bare})})
+
+    async with serve(no_alg) as idp:
+        jwks = source(f"{idp.base}/jwks", ManualClock(1000.0))
+        assert await jwks.key_for("a", "RS256") and await jwks.key_for("e", "ES256")
+        with pytest.raises(KeyUnavailable, match="Not an RSA key"):
+            await jwks.key_for("e", "RS256")
+        with pytest.raises(KeyUnavailable, match="Not an Elliptic curve key"):
+            await jwks.key_for("a", "ES256")
+
+
+async def test_keys_whose_key_ops_exclude_verify_are_ignored(keys):
+    """RFC 7517 §4.3: `key_ops` says what a key is for; one without "verify" checks no token."""
+    document = {"keys": [{**keys["a"].public_jwk(), "key_ops": ["verify"]},
+                         {**keys["b"].public_jwk(), "key_ops": ["encrypt", "wrapKey"]}]}
+
+    async def ops(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": orjson.dumps(document)})
+
+    async with serve(ops) as idp:
+        jwks = source(f"{idp.base}/jwks", ManualClock(1000.0))
+        assert await jwks.key_for("a", "RS256")
+        with pytest.raises(KeyUnavailable, match="no key with kid 'b'"):
+            await jwks.key_for("b", "RS256")
+
+
+async def test_an_rsa_key_under_2048_bits_is_refused():
+    """RFC 7518 §3.3: RS256 keys MUST be 2048 bits or more; pyjwt would only warn."""
+    weak = SigningKey("weak", "RS256", rsa.generate_private_key(public_exponent=65537, key_size=1024))
+    async with serve(JwksEndpoint(Issuer(keys=[weak]))) as idp:
+        with pytest.raises(KeyUnavailable, match="1024-bit RSA key"):
+            await source(f"{idp.base}/jwks", ManualClock(1000.0)).key_for("weak", "RS256")
+
+
+async def test_an_oversized_answer_is_refused_and_the_old_set_kept(keys):
+    """A key set past MAX_JWKS_BYTES is not read to its end, nor believed, even if it is a valid
+    JWK Set (here: one that also brings a new key)."""
+    issuer = Issuer(keys=[keys["a"]])
+    endpoint = JwksEndpoint(issuer)
+    clock = ManualClock(1000.0)
+    async with serve(endpoint) as idp:
+        jwks = source(f"{idp.base}/jwks", clock)
+        await jwks.key_for("a", "RS256")
+        issuer.keys.append(keys["b"])
+        endpoint.answer = "huge"
+        clock.now += 31
+        with pytest.raises(KeyUnavailable, match="no key with kid 'b'"):
+            await jwks.key_for("b", "RS256")
+        assert await jwks.key_for("a", "RS256")
+    assert endpoint.fetches == 2
+
+
+async def test_a_trickled_answer_is_cut_at_the_deadline(keys):
+    """httpx's timeout bounds each read, and every read here is quick: only a deadline on the
+    whole fetch stops a JWKS server that sends one byte at a time. Never fetched: unreachable
+    (→ 503) after about `timeout_seconds`; fetched before: the cached key, as quickly."""
+    endpoint = JwksEndpoint(Issuer(keys=[keys["a"]]), answer="slow", drip_seconds=0.05)
+    clock = ManualClock(1000.0)
+    async with serve(endpoint) as idp:
+        cold = source(f"{idp.base}/jwks", clock, timeout_seconds=0.5)
+        started = time.monotonic()
+        with pytest.raises(KeySetUnreachable):
+            await asyncio.wait_for(cold.key_for("a", "RS256"), 5)
+        assert time.monotonic() - started < 2
+
+        endpoint.answer = "ok"
+        warm = source(f"{idp.base}/jwks", clock, timeout_seconds=0.5)
+        await warm.key_for("a", "RS256")
+        endpoint.answer = "slow"
+        clock.now += 301  # stale: a refetch is due, and trickles
+        started = time.monotonic()
+        assert await asyncio.wait_for(warm.key_for("a", "RS256"), 5)
+        assert time.monotonic() - started < 2
+    assert endpoint.fetches == 3
 
 
 async def _started(app: Any) -> ServedApp:
