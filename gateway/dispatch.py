@@ -159,6 +159,12 @@ class Dispatcher:
     async def _named(self, call: Call) -> Reply:
         assert call.name is not None
         kind = "tool" if call.method == "tools/call" else "prompt"
+        arguments = call.params.get("arguments")
+        if arguments is not None and not isinstance(arguments, dict):
+            # SCHEMA: `arguments` of tools/call and prompts/get is an object; a malformed call
+            # is -32602 (TOOLS). Forwarded, it reached the backend as something no tool can
+            # take, and an `x-mcp-header` argument could not be found in it (§b.2).
+            raise rpc.invalid_params(f'"params.arguments" of {call.method} must be an object', call.id)
         resolved = self.table.resolve_name(call.name)
         if resolved is None:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,

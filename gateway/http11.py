@@ -29,7 +29,8 @@ request bodies delivered as they arrive, reading paused above 64 KiB unread; wri
 back-pressure (`pause_writing` → `send` waits); `Expect: 100-continue`; HEAD; chunked
 responses when the application sets no Content-Length (SSE); 400 for a malformed request,
 431 for more than 64 KiB of header fields, 500 when the application fails before answering
-(or sends a header with CR/LF in it); an `Upgrade` answered as plain HTTP/1.1, then closed;
+(or sends a header with CR/LF in it), each with a JSON-RPC error body and, for a malformed
+request, after the answers to the requests read before it on the connection; an `Upgrade` answered as plain HTTP/1.1, then closed;
 `http.disconnect` once the client is gone or the response is complete; uvicorn's graceful
 shutdown (`shutdown()`, `ServerState.connections` and `.tasks`), `Date` header and access log.
 """
@@ -46,6 +47,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import httptools
+import orjson
 
 from gateway import write_batch
 
@@ -79,8 +81,11 @@ def _status_line(status: int) -> bytes:
 
 
 def _refusal(status: int, text: str) -> bytes:
-    body = text.encode()
-    return b"".join((_status_line(status), b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    # A JSON-RPC error like every other answer of the MCP endpoint (README "Errors the gateway
+    # makes"), without an id: none could be read. -32600 for a request that cannot be read, as
+    # the gateway's own 413 and 431; -32603 when the application failed before answering.
+    body = orjson.dumps({"jsonrpc": "2.0", "error": {"code": -32603 if status >= 500 else -32600, "message": text}})
+    return b"".join((_status_line(status), b"content-type: application/json\r\nconnection: close\r\n"
                      b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body))
 
 
@@ -168,6 +173,9 @@ class Http11Protocol(asyncio.Protocol):
         self.reading_paused = False
         self.write_paused = False
         self.drained: asyncio.Future[None] | None = None
+        # The refusal of a message that could not be read, held until the requests read before
+        # it are answered (`_refuse`).
+        self._refused: bytes | None = None
         self._defaults_source: Any = None
         self._defaults: tuple[bytes, int] = (b"", 0)
         # Per message being parsed.
@@ -213,7 +221,10 @@ class Http11Protocol(asyncio.Protocol):
         if deadline is not None:
             if (now >= deadline and not self.reading_paused
                     and (self.active is None or self.active is self.parsing)):
-                self._refuse(408, "Request Timeout")
+                if self.parsing is None:
+                    self._refuse(408, "Request Timeout")
+                else:
+                    self._close()  # its request began: the application hears its client leave
         elif self.idle_since is not None and now - self.idle_since >= self.keep_alive_seconds:
             self._close()
 
@@ -249,7 +260,7 @@ class Http11Protocol(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _resume_reading(self) -> None:
-        if self.reading_paused and self.transport is not None and not self.closing:
+        if self.reading_paused and self.transport is not None and not self.closing and self._refused is None:
             self.reading_paused = False
             self.transport.resume_reading()
             if self._read_deadline is not None:  # the pause was ours: the client gets its time again
@@ -293,16 +304,36 @@ class Http11Protocol(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self._head_bytes > MAX_HEADER_BYTES:
                 self._refuse(431, "Request header fields too large")
+            elif len(self.waiting) >= MAX_PIPELINED:
+                self._close()  # a flood of pipelined requests (`on_headers_complete`): cut off
             else:
                 self._refuse(400, f"Bad Request: {exc}")
 
     def _refuse(self, status: int, text: str) -> None:
-        # Answered only when no request is being answered and the failing message has no
-        # exchange of its own (once it has one, that exchange has or will have the answer).
-        if (self.transport is not None and self.active is None and self.parsing is None
-                and not self.transport.is_closing()):
-            self.batch.write(self.transport, _refusal(status, text))
-        self._close()
+        """Answer a message that cannot be read with `status`, then close: the parser reads no
+        further on this connection. The requests read before it are answered first, in order
+        (RFC 9112 §9.3); closing at once lost their answers (a Content-Length shorter than the
+        body sent, say: the request it framed got no answer, the rest was this message)."""
+        failing, self.parsing = self.parsing, None
+        if failing is not None:
+            # Its head was read (it has an exchange) and its body cannot be.
+            if failing.started or failing.complete:
+                self._close()  # answered, or being answered, without its body: nothing to add
+                return
+            failing.gone = True  # its application, reading the body, gets http.disconnect
+            failing.wake()
+            if failing is self.active:
+                self.active = None  # the refusal is its answer
+            else:
+                self.waiting.remove(failing)  # pipelined: the refusal follows the answers before it
+        if self.active is None:
+            if self.transport is not None and not self.transport.is_closing():
+                self.batch.write(self.transport, _refusal(status, text))
+            self._close()
+        else:
+            self._read_deadline = None
+            self._pause_reading()
+            self._refused = _refusal(status, text)  # written by `_finished` after the last answer owed
 
     def on_message_begin(self) -> None:
         self._url = b""
@@ -579,6 +610,11 @@ class Http11Protocol(asyncio.Protocol):
             self._start(self.waiting.popleft())
             if not self.waiting:
                 self._resume_reading()
+            return
+        if self._refused is not None:  # the message after this one could not be read (`_refuse`)
+            if self.transport is not None and not self.transport.is_closing():
+                self.batch.write(self.transport, self._refused)
+            self._close()
             return
         self.idle_since = self.loop.time()
         self._resume_reading()

@@ -122,8 +122,17 @@ class LegacyClients:
                 send, rpc.invalid_request("JSON-RPC batches are not supported; send one message per POST")
             )
             return
-        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+        if not isinstance(msg, dict):
             await _send_error(send, rpc.invalid_request("the body must be one JSON-RPC 2.0 message"))
+            return
+        if msg.get("jsonrpc") != "2.0":
+            # The id is omitted only when it could not be read (L-BASIC §Responses).
+            await _send_error(send, rpc.invalid_request("the body must be one JSON-RPC 2.0 message",
+                                                        _request_id(msg)))
+            return
+        if rpc.too_deep(body, msg):
+            await _send_error(send, rpc.invalid_request(f"the message nests deeper than {rpc.MAX_DEPTH} levels",
+                                                        _request_id(msg)))
             return
         if "id" in msg and not _valid_id(msg["id"]):
             # L-BASIC: an id is a string or an integer, never null. Checked before the id is

@@ -129,6 +129,27 @@ def loads(body: bytes) -> Any:
     return orjson.loads(body)
 
 
+# RFC 8259 §9: "An implementation may set limits on the maximum depth of nesting." The
+# gateway's limit is the depth its encoder writes back (orjson: 254 levels; its parser reads
+# up to 1,024, deeper is a parse error), so that every message it accepts can be encoded
+# again: rewritten for a backend (a prefix stripped, a legacy translation), keyed by the cache,
+# quoted in an error message. Deeper, it used to fail there with a 500.
+MAX_DEPTH = 254
+
+
+def too_deep(body: bytes, message: Any) -> bool:
+    """Whether `message`, parsed from `body`, nests deeper than MAX_DEPTH. Each level takes two
+    bytes and an opening bracket, so a body shorter than that or with fewer brackets is answered
+    by a length comparison or two byte counts; only one with more brackets is encoded once."""
+    if len(body) <= 2 * MAX_DEPTH or body.count(b"[") + body.count(b"{") <= MAX_DEPTH:
+        return False
+    try:
+        orjson.dumps(message)
+    except orjson.JSONEncodeError:  # parsed input fails to encode only by its depth
+        return True
+    return False
+
+
 # -- constructors for the errors of the validation table (digest §a.3) ----------------------
 
 

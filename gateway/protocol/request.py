@@ -22,6 +22,10 @@ from gateway.protocol.versions import MODERN_VERSIONS
 Headers = dict[str, str]
 """Request headers, names lower-cased, values with surrounding whitespace trimmed."""
 
+# A body this short cannot nest deeper than the gateway encodes (rpc.too_deep): the usual
+# request pays one length comparison for that check.
+_SHALLOW = 2 * rpc.MAX_DEPTH
+
 
 @dataclass(slots=True)
 class Call:
@@ -108,6 +112,8 @@ def parse_call(body: bytes, headers: Headers) -> Call:
         raise rpc.invalid_request("the body must be a JSON-RPC request object")
     raw_id = msg.get("id")
     request_id = raw_id if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) else None
+    if len(body) > _SHALLOW and rpc.too_deep(body, msg):
+        raise rpc.invalid_request(f"the message nests deeper than {rpc.MAX_DEPTH} levels", request_id)
     if msg.get("jsonrpc") != "2.0":
         raise rpc.invalid_request('"jsonrpc" must be "2.0"', request_id)
     method = msg.get("method")

@@ -11,6 +11,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 import uvicorn
 
@@ -154,6 +155,74 @@ async def test_malformed_requests_are_refused_and_closed(request_bytes: bytes, s
         answer = await asyncio.wait_for(reader.read(), 5)
         assert answer.startswith(b"HTTP/1.1 " + status)
         assert b"connection: close" in answer
+        writer.close()
+
+
+def refusal_body(body: bytes, code: int = -32600) -> str:
+    """The message of a JSON-RPC error without an id, as the refusals carry (else fails)."""
+    message = orjson.loads(body)
+    assert message["jsonrpc"] == "2.0" and "id" not in message and message["error"]["code"] == code
+    assert isinstance(message["error"]["message"], str) and message["error"]["message"]
+    return message["error"]["message"]
+
+
+async def test_a_refusal_is_a_json_rpc_error() -> None:
+    # The MCP endpoint answers everything with a JSON-RPC error (README "Errors the gateway
+    # makes"), these included: they were text/plain.
+    async with serving(echo_app()) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: x\r\n\r\n")
+        status, headers, body = await read_response(reader)
+        assert status == b"HTTP/1.1 400 Bad Request" and headers[b"content-type"] == b"application/json"
+        assert "Content-Length" in refusal_body(body)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+@pytest.mark.parametrize("broken", [
+    b"POST /2 HTTP/1.1\r\nhost: h\r\ncontent-length: x\r\n\r\n",  # a head that cannot be read
+    b"garbage\r\n\r\n",  # no request line
+    b"POST /2 HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",  # a body that cannot be
+])
+async def test_the_requests_before_a_malformed_one_are_answered_first(broken: bytes) -> None:
+    # A Content-Length shorter than the body sent leaves the rest to be read as the next
+    # message: the connection was closed at once, and the request it framed never answered.
+    async with serving(echo_app()) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /1 HTTP/1.1\r\nhost: h\r\ncontent-length: 2\r\n\r\nok" + broken)
+        status, _, body = await read_response(reader)
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"ok")
+        status, headers, body = await read_response(reader)
+        assert status == b"HTTP/1.1 400 Bad Request" and headers[b"connection"] == b"close"
+        refusal_body(body)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_a_request_whose_body_cannot_be_read_is_refused_and_its_app_hears_it_gone() -> None:
+    heard: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                heard.append("gone")
+                return
+            if not message.get("more_body"):
+                break
+        heard.append("body")  # never: the body cannot be read whole
+
+    async with serving(app) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n")
+        await asyncio.sleep(0.05)  # the application is reading the body
+        writer.write(b"zz\r\n")
+        status, _, body = await read_response(reader)
+        assert status == b"HTTP/1.1 400 Bad Request"  # was: closed without an answer
+        assert "chunk size" in refusal_body(body)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        await asyncio.sleep(0.05)
+        assert heard == ["gone"]
         writer.close()
 
 

@@ -241,6 +241,50 @@ def test_unknown_method(method):
     assert (err.status, err.code, err.request_id) == (404, rpc.METHOD_NOT_FOUND, 1)
 
 
+# -- nesting (RFC 8259 §9: a limit on depth): what is accepted can be encoded again ---------
+
+
+def _nested(levels: int) -> bytes:
+    return b"[" * levels + b"]" * levels
+
+
+@pytest.mark.parametrize("where", ["arguments", "meta-version", "log-level"])
+def test_nesting_deeper_than_the_gateway_can_encode_is_invalid_request(where):
+    # Each used to fail with a 500: re-encoding the body for a prefixed backend (orjson writes
+    # 254 levels), or quoting the value in the error message (repr's recursion limit).
+    deep = _nested(rpc.MAX_DEPTH)  # inside the message object: one level too many
+    body = orjson.dumps(msg("tools/call", {"name": "t", "arguments": {"a": 1}}))
+    if where == "arguments":
+        body = body.replace(b'{"a":1}', b'{"a":' + deep + b"}")
+    elif where == "meta-version":
+        body = body.replace(b'"' + V.encode() + b'"', deep)
+    else:
+        body = body.replace(b'"_meta":{', b'"_meta":{"io.modelcontextprotocol/logLevel":' + deep + b",")
+    err = rejected(body, hdrs("tools/call", name="t"))
+    assert (err.status, err.code, err.request_id) == (400, rpc.INVALID_REQUEST, 1)
+    assert f"deeper than {rpc.MAX_DEPTH} levels" in err.message
+
+
+def test_nesting_the_gateway_can_encode_is_accepted_and_rewritten():
+    inner = _nested(rpc.MAX_DEPTH - 3)  # message, params, arguments: 254 levels in all
+    body = orjson.dumps(msg("tools/call", {"name": "p__t", "arguments": {}})).replace(
+        b'"arguments":{}', b'"arguments":{"a":' + inner + b"}")
+    call = parse_call(body, hdrs("tools/call", name="p__t"))
+    assert orjson.loads(call.with_name("t").wire_body())["params"]["arguments"] == orjson.loads(
+        b'{"a":' + inner + b"}")
+
+
+@pytest.mark.parametrize(("body", "deep"), [
+    (b'{"a":"' + b"[" * 600 + b'"}', False),  # brackets in a string are no nesting
+    (b"[" + b"[]," * 400 + b"[]]", False),  # many arrays, two levels
+    (b'{"a":' + b"[" * 255 + b"]" * 255 + b"}", True),
+    (b"[" * 254 + b"]" * 254, False),
+    (b"[" * 255 + b"]" * 255, True),
+])
+def test_too_deep(body, deep):
+    assert rpc.too_deep(body, orjson.loads(body)) is deep
+
+
 # -- the order of digest §a.5: a body wrong in several ways gets the earliest row ----------
 
 
