@@ -38,11 +38,10 @@ class Call:
     spec: MethodSpec | None
     # The decoded `Mcp-Name` (== params.name or params.uri) for the three name methods.
     name: str | None
-    # The body exactly as received: forwarded verbatim while nothing has been rewritten.
+    # The body exactly as received (what an MRTR retry forwarded to another replica carries;
+    # backends get `wire_body()`).
     body: bytes
     headers: Headers
-    # Set once the body must differ from what the client sent (e.g. a prefix stripped).
-    rewritten: bool = False
     # Opaque identity of the caller, set by the authentication policy (None = anonymous).
     principal: Any = None
 
@@ -78,15 +77,17 @@ class Call:
             return self
         params = dict(self.params)
         params[self.spec.name_field] = name
-        return replace(self, params=params, name=name, rewritten=True)
+        return replace(self, params=params, name=name)
 
     def with_params(self, params: dict[str, Any]) -> Call:
-        return replace(self, params=params, rewritten=True)
+        return replace(self, params=params)
 
     def wire_body(self) -> bytes:
-        """The JSON-RPC body to send upstream."""
-        if not self.rewritten:
-            return self.body
+        """The JSON-RPC body to send upstream: the message the gateway validated, encoded again,
+        never the client's bytes. A body can say a thing two ways (a key twice, `"method"` and
+        `"\\u006dethod"`): orjson keeps the last, a first-wins parser upstream the first, and the
+        backend would act on another method or name than the one the gateway checked against
+        `Mcp-Method`/`Mcp-Name`, its routes and the token's scopes. Encoding costs ~0.3 µs."""
         msg: dict[str, Any] = {"jsonrpc": "2.0", "method": self.method, "params": self.params}
         if self.id is not None:
             msg["id"] = self.id

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -103,6 +104,7 @@ class RawBackend:
         self.capabilities = capabilities if capabilities is not None else {"tools": {}, "resources": {}}
         self.lists = lists or {}
         self.seen: list[tuple[str, str | None]] = []  # (method, key) of every request
+        self.bodies: list[bytes] = []  # every request body, as received
         self.closed_by_gateway: list[str] = []  # keys whose connection the gateway closed mid-answer
         self.gateway_closed = asyncio.Event()
 
@@ -112,6 +114,7 @@ class RawBackend:
     async def handle(self, reader: Reader, writer: Writer) -> None:
         while True:
             _, _, body = await read_request(reader)
+            self.bodies.append(body)
             msg = orjson.loads(body)
             method, params, rid = msg["method"], msg.get("params") or {}, msg.get("id")
             key = {"tools/call": params.get("name"), "resources/read": params.get("uri")}.get(method, method)
@@ -255,6 +258,38 @@ async def test_a_4xx_without_a_json_rpc_error_is_the_backend_refusing(script: Sc
         assert response.json()["error"]["data"] == {"backend": "raw", "status": status}
         assert "refused the request" in message and says in message
         await still_serving(client, gw)
+
+
+# -- what the backend is sent -------------------------------------------------------------------
+
+
+def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a first-wins parser reads it (the gateway's orjson keeps the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        out.setdefault(key, value)
+    return out
+
+
+async def test_the_backend_is_sent_the_message_the_gateway_checked_not_the_clients_bytes() -> None:
+    """A name said twice: the gateway reads the last (`echo`, which Mcp-Name and the route agree
+    with); a backend whose parser keeps the first must not be handed `secret`. The backend gets
+    the validated message encoded again, so every parser reads the same call."""
+    body = (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "secret", '
+            b'"arguments": {"a": 1}, "name": "echo", "_meta": {'
+            b'"io.modelcontextprotocol/protocolVersion": "2026-07-28", '
+            b'"io.modelcontextprotocol/clientCapabilities": {}}}}')
+    backend = RawBackend()
+    async with gateway_before(("raw", backend)) as (gw, client):
+        response = await client.post(gw.url, content=body, headers={
+            "content-type": "application/json", "accept": "application/json, text/event-stream",
+            "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "echo"})
+        assert response.status_code == 200, response.text
+    sent = backend.bodies[-1]
+    assert b"secret" not in sent
+    as_first_wins = json.loads(sent, object_pairs_hook=_first_wins)
+    assert as_first_wins["method"] == "tools/call"
+    assert as_first_wins["params"]["name"] == "echo" and as_first_wins["params"]["arguments"] == {"a": 1}
 
 
 # -- answers that are not HTTP, or do not arrive ----------------------------------------------
