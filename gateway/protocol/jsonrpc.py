@@ -67,6 +67,9 @@ def http_status_of(message: dict[str, Any]) -> int:
     return http_status_for(error.get("code")) if isinstance(error, dict) else 200
 
 
+MAX_MESSAGE_CHARS = 1000
+
+
 class McpError(Exception):
     """A failure that becomes one JSON-RPC error response with a definite HTTP status."""
 
@@ -82,6 +85,10 @@ class McpError(Exception):
         request_id: RequestId | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            # Messages quote what the client sent (a header, a version, a name): bounded, so an
+            # error is never as large as the request that caused it.
+            message = f"{message[:MAX_MESSAGE_CHARS]}… ({len(message)} characters)"
         super().__init__(message)
         self.code = code
         self.message = message
@@ -171,7 +178,8 @@ def unsupported_version(requested: str, supported: list[str], request_id: Reques
         UNSUPPORTED_PROTOCOL_VERSION,
         f"Unsupported protocol version: {requested!r}",
         status=400,
-        data={"supported": supported, "requested": requested},
+        # A real version is 10 characters; an absurd one is not echoed whole.
+        data={"supported": supported, "requested": requested if len(requested) <= 100 else requested[:100] + "…"},
         request_id=request_id,
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from gateway.protocol import jsonrpc as rpc
@@ -34,3 +35,15 @@ def test_results_and_other_errors_travel_with_200() -> None:
     assert rpc.http_status_of(rpc.error_message(1, rpc.INTERNAL_ERROR, "boom")) == 200
     assert rpc.http_status_of(rpc.error_message(1, -32000, "server-defined")) == 200
     assert rpc.http_status_for("not a code") == 200
+
+
+def test_an_error_never_quotes_a_client_value_whole() -> None:
+    """Messages quote what the client sent; a 200 KB protocolVersion must not come back whole."""
+    huge = "9" * 200_000
+    err = rpc.unsupported_version(huge, ["2026-07-28"], request_id=1)
+    assert len(err.message) < rpc.MAX_MESSAGE_CHARS + 40
+    assert err.message.startswith("Unsupported protocol version: '999") and err.message.endswith("characters)")
+    assert err.data["requested"] == "9" * 100 + "…"
+    assert len(orjson.dumps(err.to_message())) < 2000
+    short = rpc.unsupported_version("2024-01-01", ["2026-07-28"])
+    assert short.message == "Unsupported protocol version: '2024-01-01'" and short.data["requested"] == "2024-01-01"
