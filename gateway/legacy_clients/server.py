@@ -40,6 +40,7 @@ from gateway.legacy_clients.sessions import (
     LegacySession,
     Message,
     SessionStore,
+    is_authenticated,
     parse_event_id,
     principal_key,
 )
@@ -274,7 +275,8 @@ class LegacyClients:
             return
         client_info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else None
         session = await self.sessions.create(
-            principal_key(scope), version, params.get("capabilities") or {}, client_info
+            principal_key(scope), version, params.get("capabilities") or {}, client_info,
+            authenticated=is_authenticated(scope),
         )
         session.principal = scope.get("auth")
         session.server_capabilities = translate.legacy_capabilities(

@@ -20,7 +20,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,20 @@ REPLAY_EVENTS = 512
 # How long a finished stream stays resumable, so that a client whose connection broke just
 # before the final response can still fetch it.
 FINISHED_STREAM_RETENTION_SECONDS = 60.0
+# Sessions one authenticated principal may hold at once (further capped at half the store, so
+# that one principal can never fill it). L-SBP §Session Hijacking binds sessions to the user;
+# without a share per user, one user's flood of `initialize` would evict, least recently used
+# first, every other user's session. Unauthenticated callers (auth mode none) have no stable
+# identity to count against (the key is a hash of whatever credentials they present, and all
+# credential-less callers share one), so for them only the store's LRU bound applies.
+MAX_SESSIONS_PER_PRINCIPAL = 100
+# A sequence number longer than this is no event id of ours (REPLAY_EVENTS is far smaller).
+_MAX_SEQ_DIGITS = 18
+
+
+def per_principal_share(total: int) -> int:
+    """How many of `total` sessions (or HTTP+SSE streams) one authenticated principal may hold."""
+    return max(1, min(MAX_SESSIONS_PER_PRINCIPAL, total // 2))
 
 
 class EventLog:
@@ -120,9 +134,18 @@ def principal_key(scope: Any) -> str:
     return getattr(principal, "key", "") if principal is not None else ""
 
 
+def is_authenticated(scope: Any) -> bool:
+    """Did the request prove who it is (auth mode jwt)? Only such principals get a share."""
+    return bool(getattr(scope.get("auth"), "authenticated", False))
+
+
 def parse_event_id(value: str) -> tuple[str, int] | None:
+    """`<stream>:<seq>` of a `Last-Event-ID`, or None for anything else. The header is the
+    client's (L-TR §Resumability 2): only ASCII digits of a bounded length are a sequence
+    number (`str.isdigit` also accepts "²", and `int()` refuses over 4,300 digits: either
+    used to escape as a 500)."""
     stream, sep, seq = value.rpartition(":")
-    if not sep or not stream or not seq.isdigit():
+    if not sep or not stream or not (seq.isascii() and seq.isdigit()) or len(seq) > _MAX_SEQ_DIGITS:
         return None
     return stream, int(seq)
 
@@ -208,17 +231,25 @@ class LegacySession:
 
 
 class SessionStore:
-    """The sessions of this replica: bounded in number, expired after idling."""
+    """The sessions of this replica: bounded in number (in total, and per authenticated
+    principal), expired after idling."""
 
     def __init__(
-        self, *, idle_seconds: float, max_sessions: int, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        idle_seconds: float,
+        max_sessions: int,
+        max_per_principal: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if idle_seconds <= 0 or max_sessions <= 0:
             raise ValueError("idle_seconds and max_sessions must be positive")
         self.idle_seconds = idle_seconds
         self.max_sessions = max_sessions
+        self.max_per_principal = max_per_principal or per_principal_share(max_sessions)
         self._clock = clock
         self._sessions: OrderedDict[str, LegacySession] = OrderedDict()
+        self._held: Counter[str] = Counter()  # live sessions per principal key
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -229,12 +260,24 @@ class SessionStore:
         protocol_version: str,
         client_capabilities: dict[str, Any],
         client_info: dict[str, Any] | None,
+        *,
+        authenticated: bool = False,
     ) -> LegacySession:
         await self.sweep()
+        while authenticated and self._held[principal_key] >= self.max_per_principal:
+            # The principal's share is full: its own least recently used session makes room,
+            # never another principal's (L-SBP §Session Hijacking: sessions are the user's).
+            own = next(s for s in self._sessions.values() if s.principal_key == principal_key)
+            log.warning(
+                "legacy sessions per principal (%d) reached: ending that principal's least recently "
+                "used session", self.max_per_principal
+            )
+            await self.end(own)
         while len(self._sessions) >= self.max_sessions:
             # Full: the least recently used session makes room (its client gets 404 and
             # re-initializes, as L-TR §Session Management prescribes).
             _, oldest = self._sessions.popitem(last=False)
+            self._release(oldest)
             log.warning(
                 "legacy session limit (%d) reached: ending least recently used session", self.max_sessions
             )
@@ -249,7 +292,13 @@ class SessionStore:
             last_seen=self._clock(),
         )
         self._sessions[session.id] = session
+        self._held[principal_key] += 1
         return session
+
+    def _release(self, session: LegacySession) -> None:
+        self._held[session.principal_key] -= 1
+        if self._held[session.principal_key] <= 0:
+            del self._held[session.principal_key]
 
     def touch(self, session: LegacySession) -> None:
         session.last_seen = self._clock()
@@ -275,6 +324,7 @@ class SessionStore:
     async def end(self, session: LegacySession) -> None:
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
+            self._release(session)
         await session.close()
 
     async def sweep(self) -> None:
@@ -284,5 +334,6 @@ class SessionStore:
     async def aclose(self) -> None:
         sessions = list(self._sessions.values())
         self._sessions.clear()
+        self._held.clear()
         for session in sessions:
             await session.close()

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -30,7 +31,7 @@ import orjson
 
 from gateway import asgi
 from gateway.protocol import jsonrpc as rpc
-from gateway.legacy_clients.sessions import principal_key
+from gateway.legacy_clients.sessions import is_authenticated, per_principal_share, principal_key
 from gateway.protocol import sse
 
 if TYPE_CHECKING:
@@ -138,8 +139,12 @@ class SseFront:
         self.messages_path = f"{path.rstrip('/')}/messages"
         self.keepalive_seconds = keepalive_seconds
         self.max_connections = max_connections
+        # An authenticated principal's share of the streams: one principal's flood must not
+        # leave every other one with a 503 (see sessions.MAX_SESSIONS_PER_PRINCIPAL).
+        self.max_per_principal = per_principal_share(max_connections)
         self.max_body_bytes = max_body_bytes
         self._connections: dict[str, _Connection] = {}
+        self._held: Counter[str] = Counter()  # open streams per authenticated principal
 
     def close_all(self) -> None:
         """Server shutdown: end every stream now (their sessions end with them), so that the
@@ -158,8 +163,17 @@ class SseFront:
                 None, rpc.INVALID_REQUEST, f"too many HTTP+SSE clients ({self.max_connections}, "
                                            "server.legacy_max_sessions)"))
             return
+        counted = is_authenticated(scope)
+        if counted and self._held[principal_key(scope)] >= self.max_per_principal:
+            await asgi.send_json(send, 429, rpc.error_message(
+                None, rpc.GATEWAY_OVERLOADED, f"Too many HTTP+SSE streams for this caller: {self.max_per_principal} "
+                "are open (a share of server.legacy_max_sessions); close one first",
+                {"limit": "legacy_clients.MAX_SESSIONS_PER_PRINCIPAL", "max": self.max_per_principal}))
+            return
         connection = _Connection(secrets.token_urlsafe(24), principal_key(scope), scope)
         self._connections[connection.id] = connection
+        if counted:
+            self._held[connection.principal_key] += 1
         log.info("legacy SSE client connected (%d live)", len(self._connections))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _EVENT_STREAM})
@@ -170,6 +184,10 @@ class SseFront:
             await send({"type": "http.response.body", "body": b""})  # a no-op once the client is gone
         finally:
             del self._connections[connection.id]
+            if counted:
+                self._held[connection.principal_key] -= 1
+                if self._held[connection.principal_key] <= 0:
+                    del self._held[connection.principal_key]
             connection.closed.set()
             await self._end(connection)
 
@@ -216,22 +234,29 @@ class SseFront:
         connection = self._connections.get((query.get("session_id") or [""])[0])
         if connection is None or connection.principal_key != principal_key(scope):
             # Another principal's stream is as unknown as a closed one (no existence oracle).
-            await asgi.send_json(send, 404, rpc.error_message(
-                None, rpc.INVALID_REQUEST, "Unknown session_id: open a stream with GET "
-                                           f"{self.path} and POST to the endpoint it names"))
+            await _unknown_session(send, self.path)
             return
         body = await asgi.read_body_or_refuse(receive, send, self.max_body_bytes)
         if body is None:
+            return
+        if connection.closed.is_set():
+            # The stream ended while the body was read: its session is gone, so this POST gets
+            # the 404 of a closed stream (2024-11-05 transports §HTTP with SSE: the stream is the
+            # session). Accepted, it would run on a connection `_end` had already swept: an
+            # `initialize` then made a session no stream would ever end.
+            await _unknown_session(send, self.path)
             return
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             await asgi.send_json(send, 400, rpc.parse_error(str(exc)).to_message())
             return
+        is_initialize = isinstance(message, dict) and message.get("method") == "initialize"
+        # Spawned before the 202 is written (no await in between): from here on `_end`
+        # finds the work in `connection.tasks` and cancels it with the stream.
+        connection.spawn(self._deliver(connection, scope, body, is_initialize))
         await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"8")]})
         await send({"type": "http.response.body", "body": b"Accepted"})
-        is_initialize = isinstance(message, dict) and message.get("method") == "initialize"
-        connection.spawn(self._deliver(connection, scope, body, is_initialize))
 
     async def _deliver(self, connection: _Connection, scope: asgi.Scope, body: bytes, is_initialize: bool) -> None:
         """One message through the Streamable HTTP server, its answer onto the stream."""
@@ -275,6 +300,11 @@ class SseFront:
         session = self.server.sessions.get(session_id, connection.principal_key)
         if session is not None:
             await self.server.sessions.end(session)
+
+
+async def _unknown_session(send: asgi.Send, path: str) -> None:
+    await asgi.send_json(send, 404, rpc.error_message(
+        None, rpc.INVALID_REQUEST, f"Unknown session_id: open a stream with GET {path} and POST to the endpoint it names"))
 
 
 async def _method_not_allowed(send: asgi.Send, method: str, allowed: str, hint: str) -> None:

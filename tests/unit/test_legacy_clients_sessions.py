@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 
-from gateway.legacy_clients.sessions import EventLog, SessionStore, parse_event_id
+from gateway.legacy_clients.sessions import (
+    MAX_SESSIONS_PER_PRINCIPAL,
+    EventLog,
+    SessionStore,
+    parse_event_id,
+    per_principal_share,
+)
 from tests.support.clock import ManualClock
 
 
@@ -52,6 +58,26 @@ async def test_the_store_is_bounded_and_evicts_the_least_recently_used():
     assert len(store) == 2
     assert second.closed and store.get(second.id, "p") is None
     assert store.get(first.id, "p") is first and store.get(third.id, "p") is third
+
+
+async def test_an_authenticated_principal_makes_room_from_its_own_sessions():
+    store = SessionStore(idle_seconds=600, max_sessions=6)
+    assert store.max_per_principal == 3
+    bob = await store.create("iss|bob", "2025-11-25", {}, None, authenticated=True)
+    alice = [await store.create("iss|alice", "2025-11-25", {}, None, authenticated=True) for _ in range(5)]
+    assert store.get(bob.id, "iss|bob") is bob  # the least recently used of the store lives
+    assert [s.closed for s in alice] == [True, True, False, False, False]
+    assert len(store) == 4
+    await store.end(alice[2])  # ending one frees its place in the share
+    await store.create("iss|alice", "2025-11-25", {}, None, authenticated=True)
+    assert not alice[3].closed and len(store) == 4
+    # Unauthenticated callers are not counted: only the store's own LRU bound applies.
+    anonymous = [await store.create("|anonymous", "2025-11-25", {}, None) for _ in range(6)]
+    assert [s.closed for s in anonymous] == [False] * 6 and len(store) == 6
+
+
+def test_a_principals_share_is_at_most_half_of_the_total():
+    assert [per_principal_share(n) for n in (1, 2, 6, 201, 10_000)] == [1, 1, 3, 100, MAX_SESSIONS_PER_PRINCIPAL]
 
 
 async def test_ending_a_session_cancels_its_work_and_ends_its_streams():
@@ -103,6 +129,12 @@ async def test_event_log_knows_what_it_can_resume():
         ("nocolon", None),
         (":5", None),
         ("s-1:x", None),
+        ("s-1:\xb2", None),  # "²".isdigit(), but int() refuses it
+        ("s-1:" + "9" * 5000, None),  # int() refuses over 4,300 digits
+        ("s-1:" + "9" * 19, None),
+        ("s-1:" + "9" * 18, ("s-1", 10**18 - 1)),
+        ("s-1:-1", None),
+        ("s-1:", None),
     ],
 )
 def test_parse_event_id(value, parsed):
