@@ -8,7 +8,8 @@ The gateway's own rules sit on top (docs/cache.md):
 - a backend that says `ttlMs: 0` is never stored, whatever the configured minimum;
 - otherwise the TTL is clamped to [min_ttl_ms, max_ttl_ms] of the most specific rule;
 - a backend that sends no `ttlMs` gets the configured default (0 unless configured);
-- anything but an explicit `"public"` is treated as private, and a rule may force private.
+- anything but an explicit `"public"` is treated as private (a remembered error too), and a
+  rule may force private.
 What the client is told (`ttlMs`, `cacheScope`) is what the gateway applied.
 """
 
@@ -108,10 +109,15 @@ class CachePolicy:
             and self.settings.negative_ttl_ms > 0
             and rule.enabled
         ):
+            # An error carries no cacheScope, and anything but an explicit "public" is private
+            # (spec: caching §cacheScope): the backend answered this caller, and may answer
+            # another one otherwise (its message can name the caller). So a remembered
+            # "method not found" is reused for the same principal only, and never stored
+            # without an authenticated one (service.principal_of).
             return Decision(
                 store=True,
                 ttl_ms=self.settings.negative_ttl_ms,
-                scope="private" if rule.force_private else "public",
+                scope="private",
                 negative=True,
             )
         return None

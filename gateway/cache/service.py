@@ -61,7 +61,18 @@ class _Filled:
 
 
 def principal_of(call: Call) -> str | None:
-    key = getattr(call.principal, "key", None)
+    """The identity a private answer may be stored under and shared with: the authenticated
+    principal (auth.mode jwt: the token's issuer + subject), or None. Without authentication
+    (auth.mode none) every caller is None, even one that sends an Authorization header: the
+    gateway verified nothing, so the header is no identity, only a value any client can send.
+    spec: caching §cacheScope, "private" MUST NOT be shared across authorization contexts;
+    digest §e [GW]: key private entries by the validated principal, never by unverified
+    headers. With None a private answer is neither stored nor handed to a coalesced caller,
+    as an HTTP shared cache never stores `Cache-Control: private` (RFC 9111 §5.2.2.7)."""
+    principal = call.principal
+    if not getattr(principal, "authenticated", False):
+        return None
+    key = getattr(principal, "key", None)
     return key if isinstance(key, str) else None
 
 

@@ -2,9 +2,11 @@
 Starlette's AuthenticationMiddleware uses), which keys private cache entries and, later,
 binds MRTR state and legacy sessions.
 
-`mode: none` authenticates nobody, but still tells callers apart by a hash of the credentials
-they present, so a `private` cache entry is never served to a caller holding other
-credentials. The raw credential is never stored.
+`mode: none` authenticates nobody. It still tells callers apart by a hash of the credentials
+they present, which binds MRTR state and legacy sessions to whoever presented them; but an
+unverified header is no identity to share `private` answers by, so the cache stores none for
+an unauthenticated caller (docs/cache.md "Without authentication"). The raw credential is
+never stored.
 
 `mode: jwt` is `jwt_auth.JwtAuth` (an OAuth 2.1 resource server; docs/auth.md).
 """

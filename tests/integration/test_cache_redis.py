@@ -25,10 +25,10 @@ from gateway.cache.memory import MemoryStore
 from gateway.cache.redis import decode_value
 from tests.support import mcp_http
 from tests.support.gateway import RunningGateway, running_gateway
+from tests.support.per_caller import identity_provider
 from tests.support.procs import ROOT, Proc
 
 ALICE = {"authorization": "Bearer alice-token"}
-BOB = {"authorization": "Bearer bob-token"}
 
 
 def settings(backend: Proc, redis_url: str, **cache: Any) -> dict[str, Any]:
@@ -103,24 +103,26 @@ async def test_a_list_fetched_through_one_replica_is_served_by_the_other(countin
 
 
 async def test_a_private_read_is_never_served_to_another_principal(counting_backend, redis_server):
+    # Principals come from real tokens (auth.mode jwt): without authentication nothing private
+    # is stored at all (tests/integration/test_cache_scope_security.py).
     uri = fresh_uri("private")
-    async with (
-        two_replicas(settings(counting_backend, redis_server.url)) as (one, two),
-        httpx.AsyncClient() as c,
-    ):
-        alice_first, outcome = await read(c, one, uri, ALICE)
-        assert outcome == "miss" and text(alice_first).endswith("#1")
-        assert alice_first["cacheScope"] == "private"
-        alice_again, outcome = await read(c, two, uri, ALICE)
-        assert outcome == "hit" and text(alice_again).endswith("#1")
-        bob_first, outcome = await read(c, two, uri, BOB)
-        assert outcome == "miss" and text(bob_first).endswith("#2")
-        bob_again, outcome = await read(c, one, uri, BOB)
-        assert outcome == "hit" and text(bob_again).endswith("#2")
-        anonymous, outcome = await read(c, one, uri, {})
-        assert outcome == "miss" and text(anonymous).endswith("#3")
-        assert text((await read(c, one, uri, ALICE))[0]).endswith("#1")
-        assert (await counts(c, counting_backend))[f"resources/read {uri}"] == 3
+    async with identity_provider() as idp:
+        config = {**settings(counting_backend, redis_server.url), "auth": idp.auth_settings()}
+        alice, bob = idp.bearer("alice"), idp.bearer("bob")
+        async with two_replicas(config) as (one, two), httpx.AsyncClient() as c:
+            alice_first, outcome = await read(c, one, uri, alice)
+            assert outcome == "miss" and text(alice_first).endswith("#1")
+            assert alice_first["cacheScope"] == "private"
+            alice_again, outcome = await read(c, two, uri, alice)
+            assert outcome == "hit" and text(alice_again).endswith("#1")
+            bob_first, outcome = await read(c, two, uri, bob)
+            assert outcome == "miss" and text(bob_first).endswith("#2")
+            bob_again, outcome = await read(c, one, uri, bob)
+            assert outcome == "hit" and text(bob_again).endswith("#2")
+            carol, outcome = await read(c, one, uri, idp.bearer("carol"))
+            assert outcome == "miss" and text(carol).endswith("#3")
+            assert text((await read(c, one, uri, alice))[0]).endswith("#1")
+            assert (await counts(c, counting_backend))[f"resources/read {uri}"] == 3
 
 
 async def test_entries_expire_with_their_ttl(counting_backend, redis_server):

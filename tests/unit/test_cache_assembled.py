@@ -21,7 +21,8 @@ from gateway.routing.table import RouteTable, Target
 from gateway.settings import BackendSettings, CacheSettings
 from tests.support.clock import ManualClock
 
-ALICE, BOB = Principal("alice", "https://idp"), Principal("bob", "https://idp")
+# Authenticated (auth.mode jwt): only those key private entries (service.principal_of).
+ALICE, BOB = Principal("alice", "https://idp", True), Principal("bob", "https://idp", True)
 
 
 class ListingBackend(Backend):

@@ -58,8 +58,9 @@ def test_input_required_and_plain_errors_carry_no_decision():
 
 def test_method_not_found_is_remembered_only_when_configured():
     s = CacheSettings(negative_ttl_ms=3_000)
+    # Private: an error says no cacheScope, so it is reused for its own principal only.
     assert decide(s, {"id": 1, "error": {"code": -32601, "message": "no"}}) == Decision(
-        True, 3_000, "public", True
+        True, 3_000, "private", True
     )
     assert decide(s, {"id": 1, "error": {"code": -32603, "message": "boom"}}) is None
 

@@ -12,7 +12,7 @@ import pytest
 from gateway.backends.base import Backend, internal_call
 from gateway.cache.memory import MemoryStore
 from gateway.cache.service import StoreCache
-from gateway.policies.auth import Principal
+from gateway.policies.auth import Principal, credential_principal
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.table import Target
 from gateway.settings import BackendSettings, CacheSettings
@@ -27,7 +27,8 @@ class NamedBackend(Backend):
 
 
 TARGET = Target(NamedBackend(BackendSettings(name="alpha", url="http://127.0.0.1:1/mcp")), "")
-ALICE, BOB = Principal("alice", "https://idp"), Principal("bob", "https://idp")
+# Authenticated (auth.mode jwt): only those key private entries (service.principal_of).
+ALICE, BOB = Principal("alice", "https://idp", True), Principal("bob", "https://idp", True)
 
 
 def make_cache(clock: ManualClock | None = None, **settings: Any) -> StoreCache:
@@ -96,6 +97,50 @@ async def test_private_answers_are_kept_per_principal():
     _, outcome = await cache.fetch(TARGET, call(principal=None), load)
     _, outcome = await cache.fetch(TARGET, call(principal=None), load)
     assert outcome == "miss" and load.calls == 4
+
+
+async def test_an_unauthenticated_principal_keys_nothing_private():
+    # auth.mode none: the anonymous caller, or a hash of an Authorization header nobody
+    # verified. Neither is an identity: a private answer is not stored, not handed to a
+    # coalesced caller, and a method-not-found is not remembered (docs/cache.md "Without
+    # authentication"). Public answers are shared as usual.
+    anonymous, claimed = credential_principal(None), credential_principal(b"Bearer made-up")
+    cache, load = make_cache(negative_ttl_ms=5_000), Loader(scope="private")
+    for who in (anonymous, anonymous, claimed, claimed):
+        _, outcome = await cache.fetch(TARGET, call(principal=who), load)
+        assert outcome == "miss"
+    assert load.calls == 4 and len(cache.store) == 0
+
+    load.gate = asyncio.Event()
+    first = asyncio.create_task(cache.fetch(TARGET, call(principal=anonymous), load))
+    while load.calls == 4:
+        await asyncio.sleep(0.001)
+    second = asyncio.create_task(cache.fetch(TARGET, call(principal=anonymous), load))
+    await asyncio.sleep(0.01)  # it joined the fetch in flight
+    load.gate.set()
+    (a, _), (b, outcome) = await asyncio.gather(first, second)
+    assert outcome == "miss" and a["result"]["n"] != b["result"]["n"]
+
+    missing = Loader()
+    missing.fail = {"code": rpc.METHOD_NOT_FOUND, "message": "no prompts here"}
+    for _ in range(2):
+        await cache.fetch(TARGET, call("prompts/list", principal=anonymous), missing)
+    assert missing.calls == 2
+
+    public = Loader(scope="public")
+    await cache.fetch(TARGET, call(principal=anonymous), public)
+    _, outcome = await cache.fetch(TARGET, call(principal=claimed), public)
+    assert outcome == "hit" and public.calls == 1
+
+
+async def test_a_remembered_method_not_found_is_private_to_its_principal():
+    cache, load = make_cache(negative_ttl_ms=5_000), Loader()
+    load.fail = {"code": rpc.METHOD_NOT_FOUND, "message": "no prompts for alice"}
+    await cache.fetch(TARGET, call("prompts/list", principal=ALICE), load)
+    _, outcome = await cache.fetch(TARGET, call("prompts/list", principal=ALICE), load)
+    assert outcome == "hit" and load.calls == 1
+    _, outcome = await cache.fetch(TARGET, call("prompts/list", principal=BOB), load)
+    assert outcome == "miss" and load.calls == 2
 
 
 async def test_public_answers_are_shared_between_principals():
