@@ -215,8 +215,11 @@ class McpEndpoint:
         a message (it sets `cancel_safe_next`; the hub's `ClientListen` does). It is read in
         this task under the keep-alive timeout, with no pump task and no queue hop: at
         10,000 listen streams that hop was most of the per-notification cost."""
-        await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + extra})
         try:
+            # Inside the try, as in `_write_stream`: a client gone (or a request cancelled) at
+            # the very first write still closes the stream, so a listen is never left counted
+            # and attached in the hub.
+            await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + extra})
             while True:
                 try:
                     async with asyncio.timeout(self.keepalive_seconds):
