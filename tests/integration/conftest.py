@@ -15,16 +15,14 @@ from tests.support.scripted import Scripted
 
 @pytest.fixture(scope="module")
 def alpha() -> Iterator[Scripted]:
-    server = Scripted("alpha").start()
-    yield server
-    server.stop()
+    with Scripted("alpha") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def beta() -> Iterator[Scripted]:
-    server = Scripted("beta").start()
-    yield server
-    server.stop()
+    with Scripted("beta") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

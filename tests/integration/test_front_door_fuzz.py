@@ -634,11 +634,8 @@ def judge(case: Case, status: int, content_type: str, payload: bytes, *, exact: 
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[Scripted]:
-    server = Scripted("solo").start()
-    try:
+    with Scripted("solo") as server:
         yield server
-    finally:
-        server.stop()
 
 
 CONFIGS = {

@@ -31,11 +31,8 @@ V = mcp_http.VERSION
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[Scripted]:
-    server = Scripted("solo").start()
-    try:
+    with Scripted("solo") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -24,6 +24,13 @@ class Scripted:
     def stop(self) -> None:
         self.proc.stop()
 
+    # `with Scripted(name) as server:` starts it and stops it however the block ends.
+    def __enter__(self) -> Scripted:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def kill(self) -> None:
         self.proc.kill()
 
