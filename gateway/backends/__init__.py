@@ -15,16 +15,23 @@ def create_backend(settings: BackendSettings, gateway: GatewaySettings | None = 
     supplies what legacy backends share across the fleet: the MRTR secret and this replica's
     address (docs/legacy.md)."""
     if settings.command is not None:
-        from gateway.backends.legacy import stdio
+        from gateway.backends import stdio
+        from gateway.backends.legacy import stdio as legacy_stdio
 
         if settings.era == "modern":
             return stdio.ModernStdioBackend(settings)
         if settings.era == "legacy":
-            return stdio.LegacyStdioBackend(settings, gateway)
-        from gateway.backends.legacy.detect import AutoBackend
+            return legacy_stdio.LegacyStdioBackend(settings, gateway)
+        from gateway.backends.detect import AutoBackend, StdioAutoProbe
 
-        prober = stdio.StdioAutoProbe(settings)
-        return AutoBackend(settings, probe=prober.probe, make=lambda era: prober.make(era, gateway))
+        prober = StdioAutoProbe(settings)
+
+        def make_stdio(era: str) -> Backend:
+            if era == "modern":
+                return stdio.ModernStdioBackend(settings, process=prober.process)
+            return legacy_stdio.LegacyStdioBackend(settings, gateway, process=prober.process)
+
+        return AutoBackend(settings, probe=prober.probe, make=make_stdio)
 
     from gateway.backends.modern import ModernHttpBackend
 
@@ -39,7 +46,7 @@ def create_backend(settings: BackendSettings, gateway: GatewaySettings | None = 
     if settings.era == "legacy":
         # Pinned: no probe at all, so Streamable HTTP unless `transport: sse` said otherwise.
         return LegacyHttpBackend(settings, gateway)
-    from gateway.backends.legacy.detect import AutoBackend, probe_http
+    from gateway.backends.detect import AutoBackend, probe_http
     from gateway.backends.legacy.sse import LegacySseBackend
 
     async def probe() -> str:

@@ -1,5 +1,5 @@
 """The era probe's failure modes and the legacy GET stream's reconnect pacing, against real
-sockets and tiny real HTTP servers on loopback (gateway/backends/legacy/detect.py, http.py)."""
+sockets and tiny real HTTP servers on loopback (gateway/backends/detect.py, legacy/http.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.backends.legacy import http as legacy_http
-from gateway.backends.legacy.detect import probe_http
+from gateway.backends.detect import probe_http
 from gateway.backends.upstream import UpstreamClient
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings

@@ -13,7 +13,8 @@ import pytest
 
 from gateway.backends.base import internal_call
 from gateway.backends.legacy import mrtr
-from gateway.backends.legacy.session import Exchange, LegacySession
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import load_settings

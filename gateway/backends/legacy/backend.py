@@ -23,7 +23,8 @@ from gateway.backends.base import Backend, Message, Reply
 from gateway.backends.legacy import mrtr, translate
 from gateway.backends.legacy.listen import LegacyListens
 from gateway.backends.legacy.pool import SessionPool
-from gateway.backends.legacy.session import Exchange, LegacySession
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call

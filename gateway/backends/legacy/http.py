@@ -27,7 +27,8 @@ import aiohttp
 import orjson
 
 from gateway.backends import http1
-from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse

@@ -29,7 +29,8 @@ import orjson
 from gateway.backends import http1
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import READ_ERRORS
-from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
@@ -47,27 +48,6 @@ def endpoint_uri(stream_url: str, data: str) -> str:
     if (there.scheme, there.netloc) != (here.scheme, here.netloc):
         raise ValueError(f"endpoint {endpoint!r} is not on the origin of {stream_url!r}")
     return endpoint
-
-
-async def opens_sse_session(client: UpstreamClient, url: str, headers: dict[str, str], wait: float) -> bool:
-    """Whether a GET on `url` opens an HTTP+SSE session: an event stream whose first event is
-    `endpoint` (2025-03-26 transports §Backwards Compatibility). The stream is closed again."""
-    try:
-        response = await client.request_raw("GET", url, {**headers, "accept": "text/event-stream"},
-                                            read_timeout=wait)
-    except (*READ_ERRORS, rpc.McpError):
-        return False
-    try:
-        if response.status != 200 or response.content_type != "text/event-stream":
-            return False
-        async with asyncio.timeout(wait):
-            async for event, data in response.events(sse.Decoder()):
-                return event == "endpoint" and bool(data.strip())
-    except READ_ERRORS:
-        return False
-    finally:
-        response.close()
-    return False
 
 
 class SseSession(LegacySession):

@@ -24,8 +24,9 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from gateway.backends.base import Backend, Reply, internal_call
-from gateway.backends.legacy import sse as sse_transport
+from gateway.backends import http1
+from gateway.backends.base import Backend, Message, Reply, internal_call
+from gateway.backends.stdio_process import stdio_process
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -98,9 +99,34 @@ async def _probe(client: UpstreamClient, settings: BackendSettings) -> Kind:
         response.close()
     # A 404/405 without a JSON-RPC answer. 2025-03-26 transports §Backwards Compatibility: it
     # may be an HTTP+SSE server, which a GET on the same URL tells (first event `endpoint`).
-    if await sse_transport.opens_sse_session(client, settings.url, dict(settings.headers), wait):
+    if await opens_sse_session(client, settings.url, dict(settings.headers), wait):
         return "legacy-sse"
     return "legacy"
+
+
+# Reading either client's response failed.
+_READ_ERRORS = (asyncio.TimeoutError, aiohttp.ClientError, http1.UpstreamConnectionError)
+
+
+async def opens_sse_session(client: UpstreamClient, url: str, headers: dict[str, str], wait: float) -> bool:
+    """Whether a GET on `url` opens an HTTP+SSE session: an event stream whose first event is
+    `endpoint` (2025-03-26 transports §Backwards Compatibility). The stream is closed again."""
+    try:
+        response = await client.request_raw("GET", url, {**headers, "accept": "text/event-stream"},
+                                            read_timeout=wait)
+    except (*_READ_ERRORS, rpc.McpError):
+        return False
+    try:
+        if response.status != 200 or response.content_type != "text/event-stream":
+            return False
+        async with asyncio.timeout(wait):
+            async for event, data in response.events(sse.Decoder()):
+                return event == "endpoint" and bool(data.strip())
+    except _READ_ERRORS:
+        return False
+    finally:
+        response.close()
+    return False
 
 
 async def _json_rpc_answer(response: UpstreamResponse) -> dict[str, Any] | None:
@@ -129,6 +155,30 @@ async def _read_verdict(response: UpstreamResponse) -> Era:
         return verdict(orjson.loads(body) if body else None)
     except orjson.JSONDecodeError:
         return "legacy"
+
+
+class StdioAutoProbe:
+    """Probes a process with server/discover (§h.1); the backend of its era adopts `process`:
+    the process is started once and kept, whatever the verdict."""
+
+    def __init__(self, settings: BackendSettings) -> None:
+        self.settings = settings
+        self._answer: asyncio.Future[Message] | None = None
+        self.process = stdio_process(settings, on_message=self._probe_message, on_exit=lambda reason: None)
+
+    def _probe_message(self, message: Message) -> None:
+        if self._answer is not None and not self._answer.done() and message.get("id") == "gw-era-probe":
+            self._answer.set_result(message)
+
+    async def probe(self) -> Era:
+        self._answer = asyncio.get_running_loop().create_future()
+        call = internal_call("server/discover", request_id="gw-era-probe")
+        await self.process.write(orjson.loads(call.wire_body()), wait=self.settings.connect_timeout_seconds)
+        try:
+            message = await asyncio.wait_for(self._answer, self.settings.connect_timeout_seconds)
+        except TimeoutError:
+            return "legacy"
+        return verdict(message)
 
 
 _SPOKEN: dict[str, str] = {
