@@ -20,6 +20,7 @@ from collections.abc import Callable
 import orjson
 
 from gateway.backends.base import Message
+from gateway.backends.errors import UpstreamConnectionError, upstream_errors
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
 
@@ -81,11 +82,12 @@ class StdioProcess:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         async with self._write_lock:
-            try:
-                proc.stdin.write(orjson.dumps(message) + b"\n")
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise rpc.backend_unavailable(self.name, f"process stdin closed: {exc}") from None
+            with upstream_errors(self.name, timeout=wait):
+                try:
+                    proc.stdin.write(orjson.dumps(message) + b"\n")
+                    await proc.stdin.drain()
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    raise UpstreamConnectionError(f"process stdin closed: {exc}") from None
         return self.generation
 
     async def aclose(self) -> None:
