@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 
-from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.backends.errors import upstream_errors
+from gateway.backends.http1 import Http1Client, UpstreamResponse
 from gateway.observability import metrics
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -254,7 +254,7 @@ class Forwarder:
     def __init__(self, backend: str, timeout: float, connect_timeout: float) -> None:
         self.backend = backend
         self.timeout = timeout
-        self._client = UpstreamClient(backend, max_connections=64, connect_timeout=connect_timeout)
+        self._client = Http1Client(backend, max_connections=64, connect_timeout=connect_timeout)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -278,11 +278,9 @@ class Forwarder:
             raise
         if response.content_type == "text/event-stream":
             return _relay_events(response, backend, where, call.id, self.timeout)
-        try:
+        with upstream_errors(backend, timeout=self.timeout, request_id=call.id,
+                             what=f"reading the answer of {where}"):
             body = await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise rpc.backend_unavailable(backend, f"reading the answer of {where}: {describe(exc)}",
-                                          call.id) from None
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -297,13 +295,10 @@ async def _relay_events(response: UpstreamResponse, backend: str, where: str, re
                         ) -> AsyncIterator[Message]:
     messages = response.sse_messages()
     try:
-        async for payload in messages:
-            if isinstance(payload, dict):
-                yield payload
-    except TimeoutError:
-        raise rpc.backend_timeout(backend, timeout, request_id) from None
-    except aiohttp.ClientError as exc:
-        raise rpc.backend_unavailable(backend, f"stream from {where} broke: {describe(exc)}", request_id) from None
+        with upstream_errors(backend, timeout=timeout, request_id=request_id, what=f"stream from {where} broke"):
+            async for payload in messages:
+                if isinstance(payload, dict):
+                    yield payload
     finally:
         await messages.aclose()
 
