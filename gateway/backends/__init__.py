@@ -17,17 +17,18 @@ from gateway.backends.legacy.wiring import LEGACY_BACKENDS  # the legacy era (1 
 from gateway.backends.modern import ModernHttpBackend
 from gateway.backends.stdio import ModernStdioBackend
 from gateway.backends.stdio_process import StdioProcess
-from gateway.settings import BackendSettings, GatewaySettings
+from gateway.backends.replica import ReplicaContext
+from gateway.settings import BackendSettings
 
 Transport = Literal["stdio", "streamable-http", "sse"]
 Era = Literal["modern", "legacy"]
-# (its settings, the fleet-wide settings legacy backends share, a stdio process to adopt:
-# the era probe's, already running) -> the backend.
-Factory = Callable[[BackendSettings, GatewaySettings | None, StdioProcess | None], Backend]
+# (its settings, what this replica shares with the fleet, a stdio process to adopt: the era
+# probe's, already running) -> the backend.
+Factory = Callable[[BackendSettings, ReplicaContext | None, StdioProcess | None], Backend]
 
 BACKENDS: dict[tuple[Transport, Era], Factory] = {
-    ("streamable-http", "modern"): lambda settings, gateway, process: ModernHttpBackend(settings),
-    ("stdio", "modern"): lambda settings, gateway, process: ModernStdioBackend(settings, process=process),
+    ("streamable-http", "modern"): lambda settings, replica, process: ModernHttpBackend(settings),
+    ("stdio", "modern"): lambda settings, replica, process: ModernStdioBackend(settings, process=process),
     **LEGACY_BACKENDS,  # the legacy era (2 of 2)
 }
 
@@ -50,30 +51,30 @@ def transport_of(settings: BackendSettings) -> Transport:
     return "sse" if settings.transport == "sse" else "streamable-http"
 
 
-def _build(key: tuple[Transport, Era], settings: BackendSettings, gateway: GatewaySettings | None,
+def _build(key: tuple[Transport, Era], settings: BackendSettings, replica: ReplicaContext | None,
            process: StdioProcess | None = None) -> Backend:
     factory = BACKENDS.get(key)
     if factory is None:
         raise UnsupportedBackend(f"backend {settings.name!r}: no {key[1]} backend over {key[0]} in this build")
-    return factory(settings, gateway, process)
+    return factory(settings, replica, process)
 
 
-def create_backend(settings: BackendSettings, gateway: GatewaySettings | None = None) -> Backend:
-    """The backend implementation for one configured backend. `gateway` (the whole settings)
-    supplies what legacy backends share across the fleet: the MRTR secret and this replica's
-    address (docs/legacy.md)."""
+def create_backend(settings: BackendSettings, replica: ReplicaContext | None = None) -> Backend:
+    """The backend implementation for one configured backend. `replica` (compiled once by
+    Runtime) is what legacy backends share across the fleet: the MRTR key and this replica's
+    address (backends/replica.py, docs/legacy.md)."""
     transport = transport_of(settings)
     if transport == "sse":
-        return _build(("sse", "legacy"), settings, gateway)  # HTTP+SSE is initialize-era by definition
+        return _build(("sse", "legacy"), settings, replica)  # HTTP+SSE is initialize-era by definition
     if settings.era != "auto":
         # Pinned: no probe at all.
-        return _build((transport, settings.era), settings, gateway)
+        return _build((transport, settings.era), settings, replica)
     if transport == "stdio":
         prober = detect.StdioAutoProbe(settings)
         return detect.AutoBackend(settings, probe=prober.probe,
-                                  make=lambda era: _build(("stdio", era), settings, gateway, prober.process))
+                                  make=lambda era: _build(("stdio", era), settings, replica, prober.process))
 
     async def probe() -> detect.Kind:
         return await detect.probe_http(settings)
 
-    return detect.AutoBackend(settings, probe=probe, make=lambda kind: _build(_HTTP_KINDS[kind], settings, gateway))
+    return detect.AutoBackend(settings, probe=probe, make=lambda kind: _build(_HTTP_KINDS[kind], settings, replica))

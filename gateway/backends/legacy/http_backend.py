@@ -10,7 +10,8 @@ from gateway.backends.http1 import Http1Client
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
-from gateway.settings import BackendSettings, GatewaySettings
+from gateway.backends.replica import ReplicaContext
+from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.http")
 
@@ -18,8 +19,8 @@ log = logging.getLogger("gateway.backends.legacy.http")
 class LegacyHttpBackend(LegacyBackend):
     """A legacy Streamable HTTP backend (2025-03-26 … 2025-11-25)."""
 
-    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
-        super().__init__(settings, gateway)
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None) -> None:
+        super().__init__(settings, replica)
         assert settings.url is not None
         self.url = settings.url
         # POSTs and DELETE over the client of modern backends; the GET stream, which lives as

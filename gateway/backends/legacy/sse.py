@@ -34,7 +34,8 @@ from gateway.backends.legacy.session import LegacySession, Message, Notification
 from gateway.backends.http1 import UpstreamResponse
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
-from gateway.settings import BackendSettings, GatewaySettings
+from gateway.backends.replica import ReplicaContext
+from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.sse")
 
@@ -171,8 +172,8 @@ class SseSession(LegacySession):
 class LegacySseBackend(LegacyBackend):
     """An HTTP+SSE backend (2024-11-05, or a newer server still offering that transport)."""
 
-    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
-        super().__init__(settings, gateway)
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None) -> None:
+        super().__init__(settings, replica)
         assert settings.url is not None
         self.url = settings.url
         self._posts = http1.Http1Client(settings.name, max_connections=settings.max_connections,

@@ -19,7 +19,8 @@ from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.session import LegacySession, NotificationSink
 from gateway.backends.stdio_process import StdioProcess, stdio_process
 from gateway.protocol import jsonrpc as rpc
-from gateway.settings import BackendSettings, GatewaySettings
+from gateway.backends.replica import ReplicaContext
+from gateway.settings import BackendSettings
 
 # Every capability MRTR can carry back to a modern client (see the module docstring).
 ALL_INPUT_CAPABILITIES: dict[str, Any] = {"sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {}}
@@ -65,9 +66,9 @@ class StdioSession(LegacySession):
 
 
 class LegacyStdioBackend(LegacyBackend):
-    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None, *,
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None, *,
                  process: StdioProcess | None = None) -> None:
-        super().__init__(settings, gateway)
+        super().__init__(settings, replica)
         assert settings.command is not None
         self.process = stdio_process(settings, on_message=self._receive, on_exit=self._exited, adopt=process)
         self._session: StdioSession | None = None

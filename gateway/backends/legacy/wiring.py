@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from gateway.backends import Era, Factory, Transport
 
 LEGACY_BACKENDS: dict[tuple[Transport, Era], Factory] = {
-    ("streamable-http", "legacy"): lambda settings, gateway, process: LegacyHttpBackend(settings, gateway),
-    ("sse", "legacy"): lambda settings, gateway, process: LegacySseBackend(settings, gateway),
-    ("stdio", "legacy"): lambda settings, gateway, process: LegacyStdioBackend(settings, gateway, process=process),
+    ("streamable-http", "legacy"): lambda settings, replica, process: LegacyHttpBackend(settings, replica),
+    ("sse", "legacy"): lambda settings, replica, process: LegacySseBackend(settings, replica),
+    ("stdio", "legacy"): lambda settings, replica, process: LegacyStdioBackend(settings, replica, process=process),
 }
