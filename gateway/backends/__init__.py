@@ -15,9 +15,9 @@ from gateway.backends import detect
 from gateway.backends.base import Backend
 from gateway.backends.legacy.wiring import LEGACY_BACKENDS  # the legacy era (1 of 2)
 from gateway.backends.modern import ModernHttpBackend
+from gateway.backends.replica import ReplicaContext
 from gateway.backends.stdio import ModernStdioBackend
 from gateway.backends.stdio_process import StdioProcess
-from gateway.backends.replica import ReplicaContext
 from gateway.settings import BackendSettings
 
 Transport = Literal["stdio", "streamable-http", "sse"]

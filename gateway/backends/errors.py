@@ -59,14 +59,33 @@ def describe(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
+# Every exception `gateway_error` maps (a read timeout is a plain TimeoutError).
+UPSTREAM_FAILURES = (UpstreamError, TimeoutError)
+
+
+def gateway_error(exc: BaseException, backend: str, *, timeout: float | None,
+                  request_id: rpc.RequestId | None = None, what: str = "") -> rpc.McpError | None:
+    """The gateway error for the lower-layer failure `exc` (the table above; never None for
+    one of UPSTREAM_FAILURES), or None when it is not one. `upstream_errors` applies it; the pass-through path calls it from a bare
+    `except UPSTREAM_FAILURES`, which costs nothing until something fails."""
+    if isinstance(exc, ConnectTimeout):
+        return rpc.backend_timeout(backend, exc.seconds, request_id)
+    if isinstance(exc, TimeoutError):
+        return rpc.backend_timeout(backend, timeout or 0, request_id)
+    if isinstance(exc, ResponseTooLarge):
+        return rpc.backend_protocol_error(backend, describe(exc), request_id)
+    if isinstance(exc, UpstreamError):  # ConnectError, UpstreamConnectionError
+        return rpc.backend_unavailable(backend, f"{what}: {describe(exc)}" if what else describe(exc), request_id)
+    return None
+
+
 class upstream_errors:  # noqa: N801 - used as `with upstream_errors(...)`, like a function
     """`with upstream_errors(backend, timeout=..., request_id=..., what=...)`: lower-layer
     exceptions raised inside become -31001/-31002/-31003 naming `backend`. `timeout` is the
     read timeout reported for a plain TimeoutError; `what`, when given, says what broke
     ("stream broke", "era probe") before the lower layer's own words in a -31001.
 
-    A class rather than `contextlib.contextmanager`: it sits on the pass-through path, where a
-    generator-based context manager costs a generator per call."""
+    A class rather than `contextlib.contextmanager`, which costs a generator per use."""
 
     __slots__ = ("backend", "timeout", "request_id", "what")
 
@@ -91,15 +110,4 @@ class upstream_errors:  # noqa: N801 - used as `with upstream_errors(...)`, like
 
     def map(self, exc: BaseException) -> rpc.McpError | None:
         """The gateway error for `exc`, or None when it is not an upstream failure."""
-        if isinstance(exc, ConnectTimeout):
-            return rpc.backend_timeout(self.backend, exc.seconds, self.request_id)
-        if isinstance(exc, TimeoutError):
-            return rpc.backend_timeout(self.backend, self.timeout or 0, self.request_id)
-        if isinstance(exc, ResponseTooLarge):
-            return rpc.backend_protocol_error(self.backend, describe(exc), self.request_id)
-        if isinstance(exc, (ConnectError, UpstreamConnectionError)):
-            return rpc.backend_unavailable(self.backend, self._say(exc), self.request_id)
-        return None
-
-    def _say(self, exc: BaseException) -> str:
-        return f"{self.what}: {describe(exc)}" if self.what else describe(exc)
+        return gateway_error(exc, self.backend, timeout=self.timeout, request_id=self.request_id, what=self.what)

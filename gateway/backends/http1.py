@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway import write_batch
-from gateway.backends.errors import (ConnectError, ConnectTimeout, ResponseTooLarge, UpstreamConnectionError,
-                                     upstream_errors)
+from gateway.backends.errors import (UPSTREAM_FAILURES, ConnectError, ConnectTimeout, ResponseTooLarge,
+                                     UpstreamConnectionError, gateway_error, upstream_errors)
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -468,9 +468,12 @@ class Http1Client:
         """Send the request and return once the response headers are in (and, when a body of
         known length follows, its first bytes: `_headers_done` says why). Raises McpError
         (-31001 unavailable, -31002 timeout) naming the backend."""
-        with upstream_errors(self.backend, timeout=read_timeout, request_id=request_id):
+        try:
             return await self.request_raw("POST", url, headers, body=body, read_timeout=read_timeout,
                                           request_id=request_id)
+        except UPSTREAM_FAILURES as exc:
+            # upstream_errors(), without a `with` object per call on the pass-through path.
+            raise gateway_error(exc, self.backend, timeout=read_timeout, request_id=request_id) from None
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
                       read_timeout: float | None, request_id: rpc.RequestId | None = None) -> UpstreamResponse:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import orjson
 
 from gateway.backends.base import Backend, Message, Reply
-from gateway.backends.errors import upstream_errors
+from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, upstream_errors
 from gateway.backends.http1 import Http1Client, UpstreamResponse
 from gateway.observability import tracing
 from gateway.protocol import headers as h
@@ -90,8 +90,10 @@ class ModernHttpBackend(Backend):
             reply = Reply(self.name, response.status, stream=self._events(response, call))
             reply.closers.append(response.close)
             return reply
-        with upstream_errors(self.name, timeout=self.settings.timeout_seconds, request_id=call.id):
+        try:
             body = await response.read()
+        except UPSTREAM_FAILURES as exc:  # upstream_errors(), without a `with` object per call
+            raise gateway_error(exc, self.name, timeout=self.settings.timeout_seconds, request_id=call.id) from None
 
         status = response.status
         if call.id is None:
