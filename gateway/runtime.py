@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.backends import create_backend
 from gateway.backends.base import Backend
+from gateway.backends.replica import ReplicaContext
 from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
@@ -24,7 +25,10 @@ class Runtime:
     def __init__(self, settings: GatewaySettings, *, backends: list[Backend] | None = None,
                  cache: ResponseCache | None = None, hub: Hub | None = None) -> None:
         self.settings = settings
-        self.backends = backends if backends is not None else [create_backend(b, settings) for b in settings.backends]
+        # Compiled once: what every legacy backend shares with the fleet (MRTR key, address).
+        self.replica = ReplicaContext.from_settings(settings)
+        self.backends = backends if backends is not None else [
+            create_backend(b, self.replica) for b in settings.backends]
         self.table = RouteTable(
             [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends],
             max_uris=settings.server.max_resource_uris,

@@ -1,20 +1,23 @@
-"""A lean HTTP/1.1 client for the modern pass-through path: keep-alive connections as asyncio
-protocols, responses parsed by httptools (the C parser uvicorn already uses).
+"""The one upstream HTTP client: keep-alive connections as asyncio protocols, responses
+parsed by httptools (the C parser uvicorn already uses).
 
-Why not aiohttp here: measured on the bench machine (32 concurrent POST + read loops against
-bench/backend.py), one aiohttp exchange cost 130–150 µs of client CPU (`ClientSession._request`
-builds a ClientRequest, a payload object, a timer context and multidicts per call), more than
-all the rest of a pass-through `tools/call`. This client writes the request as one buffer and
-hands back the parsed response for 30–40 µs (bench/README.md "Profile"). It speaks exactly
-what the modern transport and the legacy transport's POSTs need: POST with a byte body,
-`Content-Length` or chunked responses, streamed bodies for `text/event-stream`, http and
-https. No redirects (the gateway never follows them), no proxies, no cookies, and no
-content codings: it sends `Accept-Encoding: identity` (RFC 9110 §12.5.3) and refuses a coded
-answer rather than misread it.
+Every request the gateway makes to a backend goes through it: modern POSTs (the pass-through
+hot path), the legacy transport's POSTs, GET streams and DELETEs, the era probe and MRTR
+forwarding between replicas. Why not aiohttp or httpx: measured on the bench machine (32
+concurrent POST + read loops against bench/backend.py), one aiohttp exchange cost several
+times this client's CPU (`ClientSession._request` builds a ClientRequest, a payload object, a
+timer context and multidicts per call), and httpcore's pool scans every connection per
+request; this client writes the request as one buffer and hands back the parsed response
+(figures in bench/README.md "Profile"). It speaks exactly what those callers need: any method
+with or without a byte body, `Content-Length` or chunked responses, streamed bodies for
+`text/event-stream`, http and https. No redirects (the gateway never follows them), no
+proxies, no cookies, and no content codings: it sends `Accept-Encoding: identity` (RFC 9110
+§12.5.3) and refuses a coded answer rather than misread it.
 
-`UpstreamResponse` here has the shape of `upstream.UpstreamResponse` (status, content_type,
-headers, read, sse_messages, events, finish, close) so `ModernHttpBackend` and the legacy
-transport's POSTs (`legacy/http.py`) are indifferent to which they hold.
+Failures are the lower layer's exceptions (`errors.py`: `ConnectError`, `ConnectTimeout`,
+`TimeoutError` for a read, `UpstreamConnectionError`, `ResponseTooLarge`); `post` and
+`request` map them with `upstream_errors()`, `request_raw` leaves them to a caller to whom the
+phase matters (the era probe).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway import write_batch
+from gateway.backends.errors import (UPSTREAM_FAILURES, ConnectError, ConnectTimeout, ResponseTooLarge,
+                                     UpstreamConnectionError, gateway_error, upstream_errors)
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -42,19 +47,6 @@ KEEPALIVE_EXPIRY_SECONDS = 4.0
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 # Stop reading the socket while this much of a streamed body waits for its consumer.
 _HIGH_WATER = 256 * 1024
-
-
-class UpstreamConnectionError(Exception):
-    """The connection failed or closed before the response was complete."""
-
-
-class ResponseTooLarge(UpstreamConnectionError):
-    """The answer (a whole body, or one SSE event) passed the backend's `max_response_bytes`:
-    the connection is closed rather than read on, so that a broken or hostile backend cannot
-    make the gateway buffer without bound."""
-
-    def __init__(self, limit: int, what: str = "the answer") -> None:
-        super().__init__(f"{what} exceeds {limit} bytes (backends[].max_response_bytes)")
 
 
 class _Connection(asyncio.Protocol):
@@ -196,8 +188,8 @@ class UpstreamResponse:
             # A body of known length follows, and its first bytes wake the caller: waking it
             # for the head as well costs a loop pass and, on a shared CPU, a switch away from
             # the backend in the middle of its answer (uvicorn writes the head at
-            # http.response.start and the body in a second segment; bench/README.md "Sixth
-            # round"). A stream without a length (chunked SSE) still wakes at its head.
+            # http.response.start and the body in a second segment; bench/README.md). A
+            # stream without a length (chunked SSE) still wakes at its head.
             return
         self._wake()
 
@@ -237,13 +229,14 @@ class UpstreamResponse:
 
     async def _wait(self) -> None:
         """Until the connection reports anything new; TimeoutError after the read timeout
-        without news (aiohttp's `sock_read`)."""
+        without news (a socket read timeout)."""
         if self._error is not None:
             raise self._error
         loop = self._connection._loop
         self._waiter = loop.create_future()
         # A bare timer rather than `asyncio.timeout()`: that context manager's bookkeeping was
-        # ~5 % of a pass-through call in the profile; the timer alone does the job here.
+        # a visible share of a pass-through call in the profile (bench/README.md); the timer
+        # alone does the job here.
         timer = None if self._read_timeout is None else loop.call_later(self._read_timeout, self._expire)
         try:
             await self._waiter
@@ -345,7 +338,7 @@ class UpstreamResponse:
         connection's own callbacks give it back to the pool when the body ends, or a timer
         closes it after `timeout`. A legacy backend's SSE answer ends just after the response
         event; a task per call only to wait for that end cost a task creation and a scheduling
-        round on the legacy hot path (bench/README.md "Third round")."""
+        round on the legacy hot path (bench/README.md)."""
         if self._released:
             return
         self._take()
@@ -376,6 +369,12 @@ class UpstreamResponse:
     def close(self) -> None:
         if not self.complete:
             self._connection.close()
+            # Another task may be waiting for the body (a legacy GET stream closed when its
+            # session ends): it is woken with the failure, never left waiting on a connection
+            # that no longer reports to this response.
+            if self._error is None:
+                self._error = UpstreamConnectionError("the response was closed before it was complete")
+            self._wake()
         self.release()
 
     def __del__(self) -> None:
@@ -426,10 +425,10 @@ class _Pool:
 
 
 class Http1Client:
-    """POSTs to one backend URL's origin over keep-alive connections.
+    """Requests to one backend's origins over keep-alive connections (one pool per origin).
 
-    `max_connections` bounds the connections open at once (a semaphore, like aiohttp's
-    connector limit); idle ones are kept for reuse.
+    `max_connections` bounds the connections open at once (a semaphore); idle ones are kept
+    for reuse.
     """
 
     def __init__(self, backend: str, *, max_connections: int, connect_timeout: float,
@@ -440,16 +439,16 @@ class Http1Client:
         self._keepalive_expiry = keepalive_expiry
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
-        # One slot per connection in use (held from request to release), like aiohttp's limit.
+        # One slot per connection in use (held from request to release).
         self._slots = asyncio.Semaphore(max(max_connections, 1))
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         # Per URL: (origin key, request-line prefix, Host header) computed once.
-        self._targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}
+        self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
 
-    def _target(self, url: str) -> tuple[tuple[str, str, int], bytes]:
-        found = self._targets.get(url)
+    def _target(self, method: str, url: str) -> tuple[tuple[str, str, int], bytes]:
+        found = self._targets.get((method, url))
         if found is None:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -459,9 +458,9 @@ class Http1Client:
             host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
             authority = host if default_port else f"{host}:{port}"
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            head = f"POST {target} HTTP/1.1\r\nhost: {authority}\r\naccept-encoding: identity\r\n"
+            head = f"{method} {target} HTTP/1.1\r\nhost: {authority}\r\naccept-encoding: identity\r\n"
             found = ((parts.scheme, parts.hostname, port), head.encode("latin-1"))
-            self._targets[url] = found
+            self._targets[method, url] = found
         return found
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
@@ -469,10 +468,33 @@ class Http1Client:
         """Send the request and return once the response headers are in (and, when a body of
         known length follows, its first bytes: `_headers_done` says why). Raises McpError
         (-31001 unavailable, -31002 timeout) naming the backend."""
+        try:
+            return await self.request_raw("POST", url, headers, body=body, read_timeout=read_timeout,
+                                          request_id=request_id)
+        except UPSTREAM_FAILURES as exc:
+            # upstream_errors(), without a `with` object per call on the pass-through path.
+            raise gateway_error(exc, self.backend, timeout=read_timeout, request_id=request_id) from None
+
+    async def request(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
+                      read_timeout: float | None, request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+        """Any method (the legacy transport also GETs its streams and DELETEs its session);
+        errors as `post`'s."""
+        with upstream_errors(self.backend, timeout=read_timeout, request_id=request_id):
+            return await self.request_raw(method, url, headers, body=body, read_timeout=read_timeout,
+                                          request_id=request_id)
+
+    async def request_raw(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
+                          read_timeout: float | None, request_id: rpc.RequestId | None = None
+                          ) -> UpstreamResponse:
+        """`request` with the lower layer's exceptions (errors.py) left to the caller, for one
+        to whom the phase of a failure matters: the era probe, where no connection
+        (`ConnectError`, `ConnectTimeout`) is no verdict and a silent connection (a plain
+        TimeoutError) is one. The gateway's own refusals (a closed client, every connection
+        in use, an unsendable request, a coded answer) are McpErrors still."""
         if self._closed:
             raise rpc.backend_unavailable(self.backend, "the client is closed", request_id)
         try:
-            origin, head = self._target(url)
+            origin, head = self._target(method, url)
             request = _serialize(head, headers, body)
         except (ValueError, UnicodeEncodeError) as exc:
             raise rpc.backend_unavailable(self.backend, f"the request cannot be sent: {exc}", request_id) from None
@@ -496,7 +518,7 @@ class Http1Client:
         connection = pool.get()
         if connection is None:
             try:
-                connection = await self._connect(origin, request_id)
+                connection = await self._connect(origin)
             except BaseException:
                 self._slots.release()
                 raise
@@ -509,12 +531,6 @@ class Http1Client:
             connection.batch.write(connection.transport, request)
             while not response.headers_received:
                 await response._wait()
-        except TimeoutError:
-            response.close()
-            raise rpc.backend_timeout(self.backend, read_timeout or 0, request_id) from None
-        except UpstreamConnectionError as exc:
-            response.close()
-            raise rpc.backend_unavailable(self.backend, str(exc), request_id) from None
         except BaseException:
             response.close()
             raise
@@ -525,7 +541,7 @@ class Http1Client:
                 self.backend, f"content-encoding {coding!r} although the request asked for identity", request_id)
         return response
 
-    async def _connect(self, origin: tuple[str, str, int], request_id: rpc.RequestId | None) -> _Connection:
+    async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
         scheme, host, port = origin
         loop = asyncio.get_running_loop()
         ssl_context: ssl.SSLContext | None = None
@@ -537,13 +553,12 @@ class Http1Client:
                     lambda: _Connection(loop), host, port, ssl=ssl_context,
                     server_hostname=host if ssl_context is not None else None)
         except TimeoutError:
-            raise rpc.backend_timeout(self.backend, self._connect_timeout, request_id) from None
+            raise ConnectTimeout(self._connect_timeout) from None
         except (OSError, ssl.SSLError) as exc:
             # SSLError is itself an OSError: tested first, or a failed handshake (an expired
             # certificate, a plain-HTTP port) would read as a refused connection.
-            raise rpc.backend_unavailable(
-                self.backend, f"TLS to {host}:{port} failed: {exc}" if isinstance(exc, ssl.SSLError)
-                else f"cannot connect to {host}:{port}: {exc.strerror or exc}", request_id) from None
+            raise ConnectError(f"TLS to {host}:{port} failed: {exc}" if isinstance(exc, ssl.SSLError)
+                               else f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
         return connection
 
     async def aclose(self) -> None:
@@ -553,7 +568,7 @@ class Http1Client:
         self._pools.clear()
 
 
-def _serialize(head: bytes, headers: Mapping[str, str], body: bytes) -> bytes:
+def _serialize(head: bytes, headers: Mapping[str, str], body: bytes | None) -> bytes:
     """The request as one buffer. Header values come from clients (Mcp-Param-*, trace
     context): a CR or LF in one would split the request, so it is refused."""
     lines = []
@@ -561,5 +576,8 @@ def _serialize(head: bytes, headers: Mapping[str, str], body: bytes) -> bytes:
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             raise ValueError(f"header {name!r} has a line break in its value")
         lines.append(f"{name}: {value}\r\n")
+    if body is None:  # GET, DELETE: no body, so no Content-Length (RFC 9110 §8.6)
+        lines.append("\r\n")
+        return head + "".join(lines).encode("latin-1")
     lines.append(f"content-length: {len(body)}\r\n\r\n")
     return head + "".join(lines).encode("latin-1") + body

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 import orjson
 
 from gateway.backends.base import Backend, Message, Reply
-from gateway.backends.http1 import Http1Client, ResponseTooLarge, UpstreamConnectionError, UpstreamResponse
+from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, upstream_errors
+from gateway.backends.http1 import Http1Client, UpstreamResponse
 from gateway.observability import tracing
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -40,8 +41,6 @@ class ModernHttpBackend(Backend):
         super().__init__(settings)
         assert settings.url is not None
         self.url = settings.url
-        # The lean client, not upstream.py's aiohttp one: this is the pass-through hot path
-        # (http1.py says what it measured).
         self._client = Http1Client(settings.name, max_connections=settings.max_connections,
                                    connect_timeout=settings.connect_timeout_seconds,
                                    max_response_bytes=settings.max_response_bytes)
@@ -93,12 +92,8 @@ class ModernHttpBackend(Backend):
             return reply
         try:
             body = await response.read()
-        except TimeoutError:
-            raise rpc.backend_timeout(self.name, self.settings.timeout_seconds, call.id) from None
-        except ResponseTooLarge as exc:
-            raise rpc.backend_protocol_error(self.name, str(exc), call.id) from None
-        except UpstreamConnectionError as exc:
-            raise rpc.backend_unavailable(self.name, str(exc), call.id) from None
+        except UPSTREAM_FAILURES as exc:  # upstream_errors(), without a `with` object per call
+            raise gateway_error(exc, self.name, timeout=self.settings.timeout_seconds, request_id=call.id) from None
 
         status = response.status
         if call.id is None:
@@ -139,32 +134,30 @@ class ModernHttpBackend(Backend):
         messages = response.sse_messages()
         deadline = None if call.method == "subscriptions/listen" else (
             asyncio.get_running_loop().time() + self.settings.max_call_seconds)
+        # The mapping spans the yields too: what the lower layer raises while a message is
+        # awaited becomes the gateway's error, and nothing thrown in at a yield is mapped.
         try:
-            while True:
-                if deadline is None:
-                    payload = await anext(messages, _END)
-                else:
-                    # Around the read only, never a yield: the timeout must not fire while the
-                    # consumer, not this generator, runs.
-                    overall = asyncio.timeout_at(deadline)
-                    try:
-                        async with overall:
-                            payload = await anext(messages, _END)
-                    except TimeoutError:
-                        if overall.expired():
-                            raise self.overdue(call) from None
-                        raise
-                if payload is _END:
-                    return
-                # 2025-03-26 backends may batch messages in one event.
-                for item in payload if isinstance(payload, list) else (payload,):
-                    if isinstance(item, dict):
-                        yield item
-        except TimeoutError:
-            raise rpc.backend_timeout(self.name, self.settings.timeout_seconds, call.id) from None
-        except ResponseTooLarge as exc:
-            raise rpc.backend_protocol_error(self.name, str(exc), call.id) from None
-        except UpstreamConnectionError as exc:
-            raise rpc.backend_unavailable(self.name, f"stream broke: {exc}", call.id) from None
+            with upstream_errors(self.name, timeout=self.settings.timeout_seconds, request_id=call.id,
+                                 what="stream broke"):
+                while True:
+                    if deadline is None:
+                        payload = await anext(messages, _END)
+                    else:
+                        # Around the read only, never a yield: the timeout must not fire while
+                        # the consumer, not this generator, runs.
+                        overall = asyncio.timeout_at(deadline)
+                        try:
+                            async with overall:
+                                payload = await anext(messages, _END)
+                        except TimeoutError:
+                            if overall.expired():
+                                raise self.overdue(call) from None
+                            raise
+                    if payload is _END:
+                        return
+                    # 2025-03-26 backends may batch messages in one event.
+                    for item in payload if isinstance(payload, list) else (payload,):
+                        if isinstance(item, dict):
+                            yield item
         finally:
             await messages.aclose()

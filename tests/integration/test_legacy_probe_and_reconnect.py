@@ -1,21 +1,21 @@
 """The era probe's failure modes and the legacy GET stream's reconnect pacing, against real
-sockets and tiny real HTTP servers on loopback (gateway/backends/legacy/detect.py, http.py)."""
+sockets and tiny real HTTP servers on loopback (gateway/backends/detect.py, legacy/http.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from typing import Any
 
 import pytest
 
+from gateway.backends.detect import probe_http
+from gateway.backends.http1 import Http1Client
 from gateway.backends.legacy import http as legacy_http
-from gateway.backends.legacy.detect import probe_http
-from gateway.backends.upstream import UpstreamClient
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
 from tests.support.asgi import App, serving
+from tests.support.raw_http import full_backlog
 
 
 def sse_app(body: bytes) -> App:
@@ -23,28 +23,6 @@ def sse_app(body: bytes) -> App:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         await send({"type": "http.response.body", "body": body})
     return app
-
-
-@contextlib.contextmanager
-def full_backlog() -> Any:
-    """A port that accepts no connection: a listener with a full accept queue, so a connect
-    hangs (the SYN is dropped) rather than being refused."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(8):
-        filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        filler.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            filler.connect(("127.0.0.1", port))
-        fillers.append(filler)
-    try:
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        for s in (*fillers, listener):
-            s.close()
 
 
 async def test_an_unreachable_backend_is_no_verdict() -> None:
@@ -102,7 +80,7 @@ async def _reconnect_delays(body: bytes, monkeypatch: pytest.MonkeyPatch, count:
     recorder = _RecordingAsyncio(count)
     monkeypatch.setattr(legacy_http, "asyncio", recorder)
     async with serving(sse_app(body)) as url:
-        client = UpstreamClient("old", max_connections=4, connect_timeout=1.0)
+        client = Http1Client("old", max_connections=4, connect_timeout=1.0)
         session = legacy_http.HttpSession("old", {}, lambda m: None, client=client, url=url, headers={}, timeout=5,
                                           connect_timeout=1.0)
         try:

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.backends.base import internal_call
-from gateway.backends.legacy.detect import probe_http
+from gateway.backends.detect import probe_http
 from gateway.backends.legacy.sse import LegacySseBackend, endpoint_uri
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings

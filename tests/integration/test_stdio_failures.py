@@ -1,4 +1,4 @@
-"""stdio backends that misbehave (gateway/backends/legacy/stdio.py): a command that cannot
+"""stdio backends that misbehave (gateway/backends/stdio_process.py, stdio.py, legacy/stdio.py): a command that cannot
 start, garbage and oversized lines on stdout, a process that ignores its shutdown, and one
 that keeps a call alive with progress for ever (max_call_seconds). Each
 is a real subprocess (tests/fixtures/servers/raw_stdio.py) behind a real in-process gateway;
@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from gateway.backends.base import internal_call
-from gateway.backends.legacy.stdio import _LINE_LIMIT
+from gateway.backends.stdio_process import _LINE_LIMIT
 from tests.support.gateway import running_gateway
 from tests.support.mcp_http import post, sse_messages
 from tests.support.procs import FIXTURE_SERVERS

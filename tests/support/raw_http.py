@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -55,3 +56,25 @@ def json_answer(body: bytes, *, extra: bytes = b"") -> bytes:
 def sse_chunk(data: bytes) -> bytes:
     """One chunk of a chunked body."""
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@contextlib.contextmanager
+def full_backlog() -> Iterator[str]:
+    """A port that accepts no connection: a listener with a full accept queue, so a connect
+    hangs (the SYN is dropped) rather than being refused."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        for s in (*fillers, listener):
+            s.close()

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from gateway.backends.errors import ConnectError, ConnectTimeout
 from gateway.backends.http1 import _HIGH_WATER, Http1Client, UpstreamConnectionError
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
-from tests.support.raw_http import json_answer, read_request, serve, sse_chunk
+from tests.support.raw_http import full_backlog, json_answer, read_request, serve, sse_chunk
 
 
 async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -517,3 +518,94 @@ async def test_bytes_after_the_answer_retire_the_connection(when: str) -> None:
         assert (second.status, await second.read()) == (200, b'{"n": 2}')
         await client.aclose()
     assert len(connections) == 2
+
+
+# -- every method the gateway sends upstream (GET streams, DELETE; the era probe's phases) ----
+
+
+async def test_get_and_delete_carry_no_body_and_reuse_the_connection() -> None:
+    seen: list[tuple[bytes, dict[str, str], bytes]] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            seen.append(request)
+            writer.write(json_answer(b"{}"))
+            await writer.drain()
+
+    async with serve(record) as (url, connections):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        for method in ("GET", "DELETE", "POST"):
+            response = await client.request(method, url, {"mcp-session-id": "s1"},
+                                            body=b"{}" if method == "POST" else None, read_timeout=5)
+            assert response.status == 200 and await response.read() == b"{}"
+        await client.aclose()
+    assert [line for line, _, _ in seen] == [b"GET /mcp HTTP/1.1", b"DELETE /mcp HTTP/1.1", b"POST /mcp HTTP/1.1"]
+    assert "content-length" not in seen[0][1] and "content-length" not in seen[1][1]
+    assert seen[2][1]["content-length"] == "2"
+    assert all(headers["mcp-session-id"] == "s1" for _, headers, _ in seen)
+    assert len(connections) == 1
+
+
+async def test_a_get_stream_without_a_read_timeout_waits_for_its_events() -> None:
+    async def slow_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await asyncio.sleep(0.3)  # longer than any read timeout would allow
+        writer.write(sse_chunk(b"event: endpoint\ndata: /messages?s=1\n\n"))
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    async with serve(slow_stream) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.request("GET", url, {"accept": "text/event-stream"}, read_timeout=None)
+        events = response.events(sse.Decoder())
+        assert await asyncio.wait_for(anext(events), 5) == ("endpoint", "/messages?s=1")
+        response.close()
+        await client.aclose()
+
+
+async def test_request_raw_tells_the_phase_of_a_failure() -> None:
+    client = Http1Client("b", max_connections=1, connect_timeout=0.3)
+    with full_backlog() as url, pytest.raises(ConnectTimeout):
+        await client.request_raw("POST", url, {}, body=b"{}", read_timeout=5)
+    async with serve(echo_forever) as (url, _):
+        pass  # closed again: nothing listens there now
+    with pytest.raises(ConnectError, match="cannot connect"):
+        await client.request_raw("GET", url, {}, read_timeout=5)
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(30)
+
+    async with serve(silent) as (url, _):
+        with pytest.raises(TimeoutError) as read_timeout:
+            await client.request_raw("POST", url, {}, body=b"{}", read_timeout=0.2)
+        assert not isinstance(read_timeout.value, ConnectTimeout)
+    await client.aclose()
+
+
+async def test_closing_a_stream_wakes_the_task_that_reads_it() -> None:
+    # A legacy session that ends closes its GET stream from another task than the reader's;
+    # the reader waited for ever (no read timeout on a GET stream), and the listen never moved
+    # to the renewed session.
+    async def stream_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    async with serve(stream_forever) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        response = await client.request("GET", url, {}, read_timeout=None)
+
+        async def read_all() -> None:
+            async for _ in response.events(sse.Decoder()):
+                pass
+
+        reading = asyncio.ensure_future(read_all())
+        await asyncio.sleep(0.05)
+        response.close()
+        with pytest.raises(UpstreamConnectionError, match="closed before it was complete"):
+            await asyncio.wait_for(reading, 2)
+        await client.aclose()

@@ -1,10 +1,10 @@
-"""Era verdicts from probe answers (gateway/backends/legacy/detect.py, digest §h.1)."""
+"""Era verdicts from probe answers (gateway/backends/detect.py, digest §h.1)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.backends.legacy.detect import verdict
+from gateway.backends.detect import verdict
 
 
 @pytest.mark.parametrize("answer", [

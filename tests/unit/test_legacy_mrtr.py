@@ -12,8 +12,11 @@ import time
 import pytest
 
 from gateway.backends.base import internal_call
+from gateway.backends import replica
 from gateway.backends.legacy import mrtr
-from gateway.backends.legacy.session import Exchange, LegacySession
+from gateway.backends.replica import ReplicaContext
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import load_settings
@@ -53,11 +56,11 @@ def test_digest_ignores_what_a_retry_may_change() -> None:
 def test_shared_secret_and_owner_from_settings() -> None:
     settings = load_settings(None, server={"host": "10.0.0.9", "port": 9000},
                              security={"secret": "s3cret"})
-    a, b = mrtr.sealer_from_settings(settings), mrtr.StateSealer(b"s3cret")
+    a, b = mrtr.StateSealer(ReplicaContext.from_settings(settings).secret), mrtr.StateSealer(b"s3cret")
     assert b.open(a.seal({"exp": time.time() + 5})) is not None
-    assert mrtr.owner_url(settings) == "http://10.0.0.9:9000/mcp"
+    assert replica.owner_url(settings) == "http://10.0.0.9:9000/mcp"
     pinned = load_settings(None, server={"host": "0.0.0.0"}, security={"advertise_url": "http://10.0.0.7:8080/mcp"})
-    assert mrtr.owner_url(pinned) == "http://10.0.0.7:8080/mcp"
+    assert replica.owner_url(pinned) == "http://10.0.0.7:8080/mcp"
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
@@ -65,28 +68,28 @@ def test_a_wildcard_bind_never_advertises_a_loopback_owner(host: str) -> None:
     # Every replica bound to 0.0.0.0 used to call itself http://127.0.0.1:8080/mcp, so each
     # believed it owned every continuation and answered a foreign retry with -32602.
     settings = load_settings(None, server={"host": host, "port": 8080}, security={"secret": "s"})
-    owner = mrtr.owner_url(settings)
-    assert owner.startswith(mrtr.UNADVERTISED)
+    owner = replica.owner_url(settings)
+    assert owner.startswith(replica.UNADVERTISED)
     assert "127.0.0.1" not in owner
 
 
 def test_replica_problems_name_the_missing_settings() -> None:
-    ((level, message),) = mrtr.replica_problems(load_settings(None))
+    ((level, message),) = replica.replica_problems(load_settings(None))
     assert level == logging.WARNING and "security.secret" in message
     fleet = load_settings(None, server={"host": "0.0.0.0"}, security={"secret": "s"})
-    ((level, message),) = mrtr.replica_problems(fleet)
+    ((level, message),) = replica.replica_problems(fleet)
     assert level == logging.ERROR
     assert "MCP_GATEWAY_SECURITY__ADVERTISE_URL" in message and "status.podIP" in message
     advertised = load_settings(None, server={"host": "0.0.0.0"},
                                security={"secret": "s", "advertise_url": "http://10.0.0.7:8080/mcp"})
-    assert mrtr.replica_problems(advertised) == []
+    assert replica.replica_problems(advertised) == []
 
 
 async def test_forwarding_to_an_unadvertised_owner_says_which_setting_is_missing() -> None:
     forwarder = mrtr.Forwarder("old", 5.0, 1.0)
     call = internal_call("tools/call", {"name": "t", "requestState": "s"})
     with pytest.raises(rpc.McpError) as caught:
-        await forwarder.forward(call, f"{mrtr.UNADVERTISED}abc")
+        await forwarder.forward(call, f"{replica.UNADVERTISED}abc")
     assert caught.value.code == rpc.BACKEND_UNAVAILABLE and caught.value.status == 502
     assert "security.advertise_url" in caught.value.message and caught.value.data == {"backend": "old"}
     await forwarder.aclose()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from gateway.backends.legacy.stdio import StdioProcess, child_environment
+from gateway.backends.stdio_process import StdioProcess, child_environment
 from gateway.settings import BackendSettings
 
 # A real subprocess that reports the names of its environment variables as one JSON line.

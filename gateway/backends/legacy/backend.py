@@ -23,11 +23,13 @@ from gateway.backends.base import Backend, Message, Reply
 from gateway.backends.legacy import mrtr, translate
 from gateway.backends.legacy.listen import LegacyListens
 from gateway.backends.legacy.pool import SessionPool
-from gateway.backends.legacy.session import Exchange, LegacySession
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call
-from gateway.settings import BackendSettings, GatewaySettings
+from gateway.backends.replica import ReplicaContext
+from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy")
 
@@ -39,17 +41,18 @@ _GATHER_SECONDS = 0.05
 
 
 class LegacyBackend(Backend):
-    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None) -> None:
+        """`replica`: what this replica shares with the fleet (the sealing key, its address),
+        compiled once by Runtime; a backend built alone shares nothing."""
         super().__init__(settings)
-        gateway = gateway or GatewaySettings()
-        self._gateway = gateway
+        self.replica = replica if replica is not None else ReplicaContext.alone()
         # A call waits for a free session about as long as it would wait to connect.
         self.pool = SessionPool(self.name, self._new_session, size=settings.session_pool_size,
                                 idle_seconds=settings.session_idle_seconds,
                                 wait_seconds=settings.connect_timeout_seconds)
         self.listens = LegacyListens(self)
-        self.sealer = mrtr.sealer_from_settings(gateway)
-        self.owner = mrtr.owner_url(gateway)
+        self.sealer = mrtr.StateSealer(self.replica.secret)
+        self.owner = self.replica.owner
         self.continuations = mrtr.Continuations(self.name, max_total=settings.max_parked_calls,
                                                 max_per_principal=settings.max_parked_calls_per_principal)
         self.forwarder = mrtr.Forwarder(self.name, settings.timeout_seconds, settings.connect_timeout_seconds)
@@ -71,7 +74,7 @@ class LegacyBackend(Backend):
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        mrtr.report_replica_problems(self._gateway)
+        self.replica.report_problems()
         self.pool.start()
 
     async def aclose(self) -> None:

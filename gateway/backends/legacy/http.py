@@ -7,13 +7,12 @@ before its response is resumed with GET + `Last-Event-ID`, honouring `retry:` (L
 §Resumability), so that the modern client never notices. The optional GET stream carries
 messages unrelated to any request.
 
-POSTs go over the same lean keep-alive client as modern pass-through calls
-(`gateway/backends/http1.py`): a warm call is one POST on a kept-alive connection, and the
-aiohttp exchange it replaced cost more client CPU than the rest of the call's gateway work
-(bench/README.md "Profile"). The GET stream and DELETE, which are rare, stay on the aiohttp
-client (`gateway/backends/upstream.py`), whose responses have the same shape. A POST stream
-is read to its end after the response (the backend SHOULD close it then), so that its
-connection goes back to the pool instead of being torn down.
+Every request goes over the client of modern pass-through calls (`gateway/backends/http1.py`):
+a warm call is one POST on a kept-alive connection. The GET stream, which lives long, has a
+pool of its own so that it never holds a slot a POST needs. A POST stream is read to its end
+after the response (the backend SHOULD close it then), so that its connection goes back to
+the pool instead of being torn down. Lower-layer failures become gateway errors in
+`backends/errors.py`.
 """
 
 from __future__ import annotations
@@ -23,12 +22,12 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 
-from gateway.backends import http1
-from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
-from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.backends.errors import UpstreamConnectionError, UpstreamError, describe, upstream_errors
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
+from gateway.backends.http1 import Http1Client, UpstreamResponse
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -41,12 +40,6 @@ _MAX_RESUMES = 3
 # After its response, how long a POST stream may take to end before its connection is closed
 # rather than reused (L-TR: the server SHOULD end the stream after the response).
 _STREAM_END_SECONDS = 1.0
-# A stream that broke: aiohttp's errors (GET streams) and http1's (POSTs).
-_BROKEN = (aiohttp.ClientError, http1.UpstreamConnectionError)
-# Reading either client's response failed (HTTP+SSE, sse.py, reads the same two clients).
-READ_ERRORS = (asyncio.TimeoutError, *_BROKEN)
-# Either client's response: same attributes and methods (http1.py says which).
-Response = UpstreamResponse | http1.UpstreamResponse
 # Reconnecting (L-TR §Resumability): the server's `retry:` is honoured up to this bound, so a
 # huge value cannot mean "never again"; backoff starts at the first delay and doubles up to
 # the bound until a GET stream stays open for the stable period (one that ends at once is
@@ -99,13 +92,13 @@ def _resume_failure(exc: Exception) -> str:
 
 class HttpSession(LegacySession):
     def __init__(self, backend: str, capabilities: dict[str, Any], on_notification: NotificationSink, *,
-                 client: UpstreamClient, url: str, headers: dict[str, str], timeout: float,
-                 connect_timeout: float, posts: http1.Http1Client | None = None) -> None:
+                 client: Http1Client, url: str, headers: dict[str, str], timeout: float,
+                 connect_timeout: float, posts: Http1Client | None = None) -> None:
         """`client` carries the GET stream and DELETE; `posts`, when given, every POST
         (otherwise `client` does)."""
         super().__init__(backend, capabilities, on_notification)
         self.client = client
-        self.posts: http1.Http1Client | UpstreamClient = posts if posts is not None else client
+        self.posts = posts if posts is not None else client
         self.url = url
         self.static_headers = headers
         self.timeout = timeout
@@ -129,7 +122,7 @@ class HttpSession(LegacySession):
                 headers["mcp-protocol-version"] = self.version
         return headers
 
-    async def _post(self, message: Message, *, initialize: bool = False) -> Response:
+    async def _post(self, message: Message, *, initialize: bool = False) -> UpstreamResponse:
         response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
                                           read_timeout=self.timeout)
         if response.status == 404 and self.session_id is not None and not initialize:
@@ -160,10 +153,8 @@ class HttpSession(LegacySession):
 
     async def _send(self, message: Message) -> None:
         response = await self._post(message)
-        try:
+        with upstream_errors(self.backend, timeout=self.timeout):
             body = await response.read()  # usually 202 and empty: the connection goes back to the pool
-        except READ_ERRORS as exc:
-            raise rpc.backend_unavailable(self.backend, describe(exc)) from None
         if response.status >= 500:
             # A 5xx is the backend being unavailable (README "Errors the gateway makes": -31001),
             # as `_consume` says for a request; it used to read as an invalid answer (-31003).
@@ -196,23 +187,21 @@ class HttpSession(LegacySession):
             response = await self.client.request("DELETE", self.url, self._headers(),
                                                  read_timeout=self.connect_timeout)
             await response.read()
-        except (rpc.McpError, *READ_ERRORS) as exc:
+        except (rpc.McpError, UpstreamError, TimeoutError) as exc:
             log.debug("backend %s: DELETE of session failed: %s", self.backend, exc)
 
     # -- reading ----------------------------------------------------------------------------
 
-    async def _consume(self, response: Response, exchange: Exchange, *, resume: bool) -> None:
+    async def _consume(self, response: UpstreamResponse, exchange: Exchange, *, resume: bool) -> None:
         """A POST answer: JSON (read whole), SSE (read to the response) or an HTTP error."""
         if response.content_type == "text/event-stream":
             await self._read_stream(response, exchange, resume=resume)
             return
         try:
-            body = await response.read()
-        except http1.ResponseTooLarge as exc:
-            exchange.fail(rpc.backend_protocol_error(self.backend, str(exc)))
-            return
-        except READ_ERRORS as exc:
-            exchange.fail(rpc.backend_unavailable(self.backend, describe(exc)))
+            with upstream_errors(self.backend, timeout=self.timeout):
+                body = await response.read()
+        except rpc.McpError as exc:
+            exchange.fail(exc)
             return
         status = response.status
         try:
@@ -237,28 +226,29 @@ class HttpSession(LegacySession):
             exchange.fail(rpc.backend_protocol_error(
                 self.backend, f"HTTP {status} without a JSON-RPC answer for {exchange.method}"))
 
-    async def _read_stream(self, response: Response, exchange: Exchange, *, resume: bool = True) -> None:
+    async def _read_stream(self, response: UpstreamResponse, exchange: Exchange, *, resume: bool = True) -> None:
         decoder = sse.Decoder()
         for attempt in range(_MAX_RESUMES + 1):
             finished = False  # the response arrived: let the stream end and keep the connection
             broke: str | None = None  # the connection failed (rather than the stream ending)
             try:
-                async for event, data in response.events(decoder):
-                    if not data or event != "message":
-                        continue  # priming events (id, empty data), unknown types
-                    self._deliver(data, exchange)
-                    if exchange.done:
-                        finished = True
-                        return
-            except asyncio.TimeoutError:
-                exchange.fail(rpc.backend_timeout(self.backend, self.timeout))
+                with upstream_errors(self.backend, timeout=self.timeout):
+                    try:
+                        async for event, data in response.events(decoder):
+                            if not data or event != "message":
+                                continue  # priming events (id, empty data), unknown types
+                            self._deliver(data, exchange)
+                            if exchange.done:
+                                finished = True
+                                return
+                    except UpstreamConnectionError as exc:
+                        # Not mapped: a broken stream is resumed below when it can be.
+                        broke = describe(exc)
+                        log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, broke)
+            except rpc.McpError as exc:
+                # A timeout, or an event too large (which a resume would only resend).
+                exchange.fail(exc)
                 return
-            except http1.ResponseTooLarge as exc:
-                exchange.fail(rpc.backend_protocol_error(self.backend, str(exc)))  # a resume would resend it
-                return
-            except _BROKEN as exc:
-                broke = describe(exc)
-                log.info("backend %s: stream for %s broke: %s", self.backend, exchange.method, broke)
             finally:
                 if finished:
                     self._finish_soon(response)
@@ -287,12 +277,9 @@ class HttpSession(LegacySession):
                     self.backend, f"the stream for {exchange.method} ended without a response"))
             self.forget(exchange)
 
-    def _finish_soon(self, response: Response) -> None:
+    def _finish_soon(self, response: UpstreamResponse) -> None:
         """Let the rest of an answered stream end and keep its connection."""
-        if isinstance(response, http1.UpstreamResponse):
-            response.finish_soon(_STREAM_END_SECONDS)  # no task: its connection finishes it
-        else:
-            self.spawn(response.finish(_STREAM_END_SECONDS))
+        response.finish_soon(_STREAM_END_SECONDS)  # no task: its connection finishes it
 
     def _deliver(self, data: str, origin: Exchange | None) -> None:
         for message in self.decode(data):
@@ -336,11 +323,12 @@ class HttpSession(LegacySession):
             opened = time.monotonic()
             self._listening = response
             try:
-                async for event, data in response.events(decoder):
-                    if data and event == "message":
-                        self._deliver(data, None)
-            except READ_ERRORS as exc:
-                log.info("backend %s: GET stream dropped: %s", self.backend, describe(exc))
+                with upstream_errors(self.backend, timeout=None, what="GET stream dropped"):
+                    async for event, data in response.events(decoder):
+                        if data and event == "message":
+                            self._deliver(data, None)
+            except rpc.McpError as exc:
+                log.info("backend %s: %s", self.backend, exc.message)
             finally:
                 self._listening = None
                 response.close()

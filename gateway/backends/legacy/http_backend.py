@@ -10,8 +10,8 @@ from gateway.backends.http1 import Http1Client
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
-from gateway.backends.upstream import UpstreamClient
-from gateway.settings import BackendSettings, GatewaySettings
+from gateway.backends.replica import ReplicaContext
+from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.http")
 
@@ -19,16 +19,16 @@ log = logging.getLogger("gateway.backends.legacy.http")
 class LegacyHttpBackend(LegacyBackend):
     """A legacy Streamable HTTP backend (2025-03-26 … 2025-11-25)."""
 
-    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
-        super().__init__(settings, gateway)
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None) -> None:
+        super().__init__(settings, replica)
         assert settings.url is not None
         self.url = settings.url
-        # POSTs over the lean client of modern backends (http1.py says what aiohttp cost); the
-        # GET stream and DELETE over aiohttp (upstream.py says why not httpx).
+        # POSTs and DELETE over the client of modern backends; the GET stream, which lives as
+        # long as the session, over a pool of its own so that it never holds a POST's slot.
         self._posts = Http1Client(settings.name, max_connections=settings.max_connections,
                                   connect_timeout=settings.connect_timeout_seconds,
                                   max_response_bytes=settings.max_response_bytes)
-        self._client = UpstreamClient(settings.name, max_connections=settings.max_connections,
+        self._client = Http1Client(settings.name, max_connections=settings.max_connections,
                                       connect_timeout=settings.connect_timeout_seconds,
                                       max_response_bytes=settings.max_response_bytes)
 

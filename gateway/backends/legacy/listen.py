@@ -20,16 +20,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.backends.base import Message, Reply
+from gateway.backends.legacy.pool import SessionPool
 from gateway.backends.legacy.session import LegacySession
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call
-
-if TYPE_CHECKING:
-    from gateway.backends.legacy.backend import LegacyBackend
+from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.listen")
 
@@ -40,6 +39,19 @@ _LIST_FLAGS = {
     "resourcesListChanged": ("resources", "notifications/resources/list_changed"),
 }
 _QUEUE_LIMIT = 1000
+
+
+class ListenHost(Protocol):
+    """What the listens need of their backend (`LegacyBackend` is one): declared here so that
+    this module does not import the backend that imports it."""
+
+    name: str
+    settings: BackendSettings
+    pool: SessionPool
+
+    def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]: ...
 
 
 class _Listener:
@@ -79,7 +91,7 @@ class _Listener:
 
 
 class LegacyListens:
-    def __init__(self, backend: LegacyBackend) -> None:
+    def __init__(self, backend: ListenHost) -> None:
         self.backend = backend
         self._listeners: set[_Listener] = set()
         self._refs: dict[str, int] = {}

@@ -23,15 +23,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 
-from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.backends.errors import upstream_errors
+from gateway.backends.http1 import Http1Client, UpstreamResponse
+from gateway.backends.replica import UNADVERTISED
 from gateway.observability import metrics
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call
-from gateway.settings import GatewaySettings
 
 log = logging.getLogger("gateway.backends.legacy.mrtr")
 
@@ -43,9 +43,6 @@ FORWARDED_HEADER = "x-mcp-gateway-forwarded"
 # parameters again (SHTTP §Server Behavior for Custom Headers).
 _FORWARD_HEADERS = frozenset({"content-type", "accept", "authorization", "mcp-protocol-version", "mcp-method",
                               "mcp-name", "traceparent", "tracestate", "baggage"})
-# The owner of a continuation parked by a replica that knows no address of its own.
-UNADVERTISED = "unadvertised:"
-_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 
 
 class StateError(Exception):
@@ -80,70 +77,6 @@ class StateSealer:
         if (now if now is not None else time.time()) > payload["exp"]:
             raise StateError("requestState has expired")
         return payload
-
-
-_PROCESS_SECRET: bytes | None = None
-
-
-def sealer_from_settings(settings: GatewaySettings) -> StateSealer:
-    global _PROCESS_SECRET
-    secret = settings.security.secret
-    if secret:
-        return StateSealer(secret.encode())
-    if _PROCESS_SECRET is None:
-        _PROCESS_SECRET = secrets.token_bytes(32)
-    return StateSealer(_PROCESS_SECRET)
-
-
-def replica_problems(settings: GatewaySettings) -> list[tuple[int, str]]:
-    """What stops MRTR retries from working across replicas, as (log level, message)."""
-    problems: list[tuple[int, str]] = []
-    security = settings.security
-    if not security.secret:
-        problems.append((logging.WARNING,
-                         "security.secret is not set: MRTR requestState is sealed with a random per-process key, so "
-                         "retries only work on this replica; several replicas need a shared one "
-                         "(MCP_GATEWAY_SECURITY__SECRET)"))
-    elif not security.advertise_url and settings.server.host in _WILDCARD_HOSTS:
-        problems.append((logging.ERROR,
-                         f"security.secret is set (several replicas) but security.advertise_url is not, and "
-                         f"server.host {settings.server.host!r} names no address other replicas can reach: an MRTR "
-                         "retry that lands on another replica cannot be forwarded here and fails with -31001; set "
-                         "MCP_GATEWAY_SECURITY__ADVERTISE_URL to this replica's own URL (Kubernetes: "
-                         "http://$(POD_IP):8080/mcp with POD_IP from status.podIP)"))
-    return problems
-
-
-_REPORTED: set[str] = set()
-
-
-def report_replica_problems(settings: GatewaySettings) -> None:
-    """Log `replica_problems` at start-up, each once per process (every legacy backend asks)."""
-    for level, message in replica_problems(settings):
-        if message not in _REPORTED:
-            _REPORTED.add(message)
-            log.log(level, message)
-
-
-_PROCESS_IDENTITY = secrets.token_hex(8)
-
-
-def owner_url(settings: GatewaySettings) -> str:
-    """Where other replicas send a retry for a continuation this replica parks.
-
-    `security.advertise_url` when set. Otherwise http://<server.host>:<port><path> when the
-    host is an address; but a wildcard bind (0.0.0.0) says nothing about how others reach
-    this replica, and guessing a loopback URL would make every replica believe it owns every
-    continuation. Then the owner is an identity unique to this process: retries that land
-    here still work, and one that lands elsewhere gets an error naming the missing setting.
-    """
-    if settings.security.advertise_url:
-        return settings.security.advertise_url
-    server = settings.server
-    if server.host in _WILDCARD_HOSTS:
-        return f"{UNADVERTISED}{_PROCESS_IDENTITY}"
-    host = f"[{server.host}]" if ":" in server.host and not server.host.startswith("[") else server.host
-    return f"http://{host}:{server.port}{server.path}"
 
 
 def request_digest(call: Call) -> str:
@@ -254,7 +187,7 @@ class Forwarder:
     def __init__(self, backend: str, timeout: float, connect_timeout: float) -> None:
         self.backend = backend
         self.timeout = timeout
-        self._client = UpstreamClient(backend, max_connections=64, connect_timeout=connect_timeout)
+        self._client = Http1Client(backend, max_connections=64, connect_timeout=connect_timeout)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -278,11 +211,9 @@ class Forwarder:
             raise
         if response.content_type == "text/event-stream":
             return _relay_events(response, backend, where, call.id, self.timeout)
-        try:
+        with upstream_errors(backend, timeout=self.timeout, request_id=call.id,
+                             what=f"reading the answer of {where}"):
             body = await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise rpc.backend_unavailable(backend, f"reading the answer of {where}: {describe(exc)}",
-                                          call.id) from None
         try:
             message = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -297,13 +228,10 @@ async def _relay_events(response: UpstreamResponse, backend: str, where: str, re
                         ) -> AsyncIterator[Message]:
     messages = response.sse_messages()
     try:
-        async for payload in messages:
-            if isinstance(payload, dict):
-                yield payload
-    except TimeoutError:
-        raise rpc.backend_timeout(backend, timeout, request_id) from None
-    except aiohttp.ClientError as exc:
-        raise rpc.backend_unavailable(backend, f"stream from {where} broke: {describe(exc)}", request_id) from None
+        with upstream_errors(backend, timeout=timeout, request_id=request_id, what=f"stream from {where} broke"):
+            async for payload in messages:
+                if isinstance(payload, dict):
+                    yield payload
     finally:
         await messages.aclose()
 

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.backends.legacy.session import Exchange, LegacySession, SessionExpired
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession, SessionExpired
 from gateway.backends.legacy.translate import pool_key
 from gateway.protocol import jsonrpc as rpc
 

@@ -27,13 +27,15 @@ from urllib.parse import urljoin, urlsplit
 import orjson
 
 from gateway.backends import http1
+from gateway.backends.errors import UpstreamError, describe, upstream_errors
 from gateway.backends.legacy.backend import LegacyBackend
-from gateway.backends.legacy.http import READ_ERRORS
-from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
-from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.backends.exchange import Exchange
+from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
+from gateway.backends.http1 import UpstreamResponse
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
-from gateway.settings import BackendSettings, GatewaySettings
+from gateway.backends.replica import ReplicaContext
+from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.sse")
 
@@ -49,30 +51,9 @@ def endpoint_uri(stream_url: str, data: str) -> str:
     return endpoint
 
 
-async def opens_sse_session(client: UpstreamClient, url: str, headers: dict[str, str], wait: float) -> bool:
-    """Whether a GET on `url` opens an HTTP+SSE session: an event stream whose first event is
-    `endpoint` (2025-03-26 transports §Backwards Compatibility). The stream is closed again."""
-    try:
-        response = await client.request_raw("GET", url, {**headers, "accept": "text/event-stream"},
-                                            read_timeout=wait)
-    except (*READ_ERRORS, rpc.McpError):
-        return False
-    try:
-        if response.status != 200 or response.content_type != "text/event-stream":
-            return False
-        async with asyncio.timeout(wait):
-            async for event, data in response.events(sse.Decoder()):
-                return event == "endpoint" and bool(data.strip())
-    except READ_ERRORS:
-        return False
-    finally:
-        response.close()
-    return False
-
-
 class SseSession(LegacySession):
     def __init__(self, backend: str, capabilities: dict[str, Any], on_notification: NotificationSink, *,
-                 client: UpstreamClient, posts: http1.Http1Client, url: str, headers: dict[str, str],
+                 client: http1.Http1Client, posts: http1.Http1Client, url: str, headers: dict[str, str],
                  timeout: float, connect_timeout: float, on_lost: Callable[[SseSession, str], None]) -> None:
         """`client` holds the GET stream, `posts` carries every message; `on_lost` hears that
         the stream ended while the session was open."""
@@ -149,7 +130,8 @@ class SseSession(LegacySession):
                             return
                 elif event == "message" and data:
                     self._deliver(data)
-        except READ_ERRORS as exc:
+        except (UpstreamError, TimeoutError) as exc:
+            # Not a call's error but the session's end, which fails every call it carries.
             reason = f"the SSE stream broke: {describe(exc)}"
         finally:
             response.close()
@@ -171,12 +153,10 @@ class SseSession(LegacySession):
     async def _post(self, message: Message) -> None:
         assert self.endpoint is not None
         headers = {**self.static_headers, "content-type": "application/json"}
-        try:
-            response = await self.posts.post(self.endpoint, orjson.dumps(message), headers,
-                                             read_timeout=self.connect_timeout)
+        response = await self.posts.post(self.endpoint, orjson.dumps(message), headers,
+                                         read_timeout=self.connect_timeout)
+        with upstream_errors(self.backend, timeout=self.connect_timeout):
             body = await response.read()
-        except READ_ERRORS as exc:
-            raise rpc.backend_unavailable(self.backend, describe(exc)) from None
         status = response.status
         if status == 404:
             raise SessionExpired(self.endpoint)  # the server no longer knows the session id
@@ -192,16 +172,18 @@ class SseSession(LegacySession):
 class LegacySseBackend(LegacyBackend):
     """An HTTP+SSE backend (2024-11-05, or a newer server still offering that transport)."""
 
-    def __init__(self, settings: BackendSettings, gateway: GatewaySettings | None = None) -> None:
-        super().__init__(settings, gateway)
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None) -> None:
+        super().__init__(settings, replica)
         assert settings.url is not None
         self.url = settings.url
         self._posts = http1.Http1Client(settings.name, max_connections=settings.max_connections,
                                         connect_timeout=settings.connect_timeout_seconds,
                                         max_response_bytes=settings.max_response_bytes)
-        self._streams = UpstreamClient(settings.name, max_connections=settings.session_pool_size + 1,
-                                       connect_timeout=settings.connect_timeout_seconds,
-                                       max_response_bytes=settings.max_response_bytes)
+        # The sessions' GET streams live as long as the sessions: a pool of their own, so
+        # that they never hold a slot a POST needs.
+        self._streams = http1.Http1Client(settings.name, max_connections=settings.session_pool_size + 1,
+                                          connect_timeout=settings.connect_timeout_seconds,
+                                          max_response_bytes=settings.max_response_bytes)
         self._renewals: set[asyncio.Task[Any]] = set()
 
     async def aclose(self) -> None:

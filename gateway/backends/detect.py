@@ -10,8 +10,10 @@ answers GET with an `endpoint` event means legacy over HTTP+SSE (`sse.py`). A co
 (refused, reset, or no connection within connect_timeout_seconds) is no verdict at all: the
 call fails with -31001 and the next one probes again.
 
-The probe uses the same HTTP client and SSE parser as every backend call
-(`backends/upstream.py`, `protocol/sse.py`).
+The probe uses the same HTTP client and SSE parser as every backend call (`backends/http1.py`,
+`protocol/sse.py`), with the lower layer's exceptions (`backends/errors.py`) rather than the
+gateway's errors, because here the phase of a failure decides: no connection (refused, or
+`ConnectTimeout`) is no verdict, while a connection that stays silent (a read timeout) is one.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-import aiohttp
 import orjson
 
-from gateway.backends.base import Backend, Reply, internal_call
-from gateway.backends.legacy import sse as sse_transport
-from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.backends.errors import ConnectTimeout, UpstreamError, describe
+from gateway.backends.base import Backend, Message, Reply, internal_call
+from gateway.backends.stdio_process import stdio_process
+from gateway.backends.http1 import Http1Client, UpstreamResponse
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
@@ -62,14 +64,14 @@ def verdict(message: Any) -> Era:
 
 async def probe_http(settings: BackendSettings) -> Kind:
     """Probe an HTTP backend; raises -31001 naming it when no connection could be made."""
-    client = UpstreamClient(settings.name, max_connections=1, connect_timeout=settings.connect_timeout_seconds)
+    client = Http1Client(settings.name, max_connections=1, connect_timeout=settings.connect_timeout_seconds)
     try:
         return await _probe(client, settings)
     finally:
         await client.aclose()
 
 
-async def _probe(client: UpstreamClient, settings: BackendSettings) -> Kind:
+async def _probe(client: Http1Client, settings: BackendSettings) -> Kind:
     assert settings.url is not None
     call = internal_call("server/discover")
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
@@ -77,11 +79,11 @@ async def _probe(client: UpstreamClient, settings: BackendSettings) -> Kind:
     wait = settings.connect_timeout_seconds
     try:
         response = await client.request_raw("POST", settings.url, headers, body=call.wire_body(), read_timeout=wait)
-    except aiohttp.ConnectionTimeoutError:
-        raise rpc.backend_unavailable(settings.name, f"era probe: no connection within {wait:g}s") from None
+    except ConnectTimeout as exc:
+        raise rpc.backend_unavailable(settings.name, f"era probe: {exc}") from None
     except TimeoutError:
         return "legacy"  # connected, but a modern server answers discover at once (§h.1)
-    except aiohttp.ClientError as exc:
+    except UpstreamError as exc:
         raise rpc.backend_unavailable(settings.name, f"era probe: {describe(exc)}") from None
     try:
         async with asyncio.timeout(wait):
@@ -92,15 +94,36 @@ async def _probe(client: UpstreamClient, settings: BackendSettings) -> Kind:
                 return verdict(answer)  # a modern server may refuse with a modern error
     except TimeoutError:
         return "legacy"
-    except aiohttp.ClientError as exc:
+    except UpstreamError as exc:
         raise rpc.backend_unavailable(settings.name, f"era probe: {describe(exc)}") from None
     finally:
         response.close()
     # A 404/405 without a JSON-RPC answer. 2025-03-26 transports §Backwards Compatibility: it
     # may be an HTTP+SSE server, which a GET on the same URL tells (first event `endpoint`).
-    if await sse_transport.opens_sse_session(client, settings.url, dict(settings.headers), wait):
+    if await opens_sse_session(client, settings.url, dict(settings.headers), wait):
         return "legacy-sse"
     return "legacy"
+
+
+async def opens_sse_session(client: Http1Client, url: str, headers: dict[str, str], wait: float) -> bool:
+    """Whether a GET on `url` opens an HTTP+SSE session: an event stream whose first event is
+    `endpoint` (2025-03-26 transports §Backwards Compatibility). The stream is closed again."""
+    try:
+        response = await client.request_raw("GET", url, {**headers, "accept": "text/event-stream"},
+                                            read_timeout=wait)
+    except (UpstreamError, TimeoutError, rpc.McpError):
+        return False
+    try:
+        if response.status != 200 or response.content_type != "text/event-stream":
+            return False
+        async with asyncio.timeout(wait):
+            async for event, data in response.events(sse.Decoder()):
+                return event == "endpoint" and bool(data.strip())
+    except (UpstreamError, TimeoutError):
+        return False
+    finally:
+        response.close()
+    return False
 
 
 async def _json_rpc_answer(response: UpstreamResponse) -> dict[str, Any] | None:
@@ -129,6 +152,30 @@ async def _read_verdict(response: UpstreamResponse) -> Era:
         return verdict(orjson.loads(body) if body else None)
     except orjson.JSONDecodeError:
         return "legacy"
+
+
+class StdioAutoProbe:
+    """Probes a process with server/discover (§h.1); the backend of its era adopts `process`:
+    the process is started once and kept, whatever the verdict."""
+
+    def __init__(self, settings: BackendSettings) -> None:
+        self.settings = settings
+        self._answer: asyncio.Future[Message] | None = None
+        self.process = stdio_process(settings, on_message=self._probe_message, on_exit=lambda reason: None)
+
+    def _probe_message(self, message: Message) -> None:
+        if self._answer is not None and not self._answer.done() and message.get("id") == "gw-era-probe":
+            self._answer.set_result(message)
+
+    async def probe(self) -> Era:
+        self._answer = asyncio.get_running_loop().create_future()
+        call = internal_call("server/discover", request_id="gw-era-probe")
+        await self.process.write(orjson.loads(call.wire_body()), wait=self.settings.connect_timeout_seconds)
+        try:
+            message = await asyncio.wait_for(self._answer, self.settings.connect_timeout_seconds)
+        except TimeoutError:
+            return "legacy"
+        return verdict(message)
 
 
 _SPOKEN: dict[str, str] = {
