@@ -23,6 +23,7 @@ from gateway.backends.base import Message, Reply, aclose
 from gateway.dispatch import Dispatcher
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
+from gateway.protocol.principal import principal_of
 from gateway.protocol.request import Call, parse_call
 
 log = logging.getLogger("gateway.endpoint")
@@ -63,11 +64,10 @@ class McpEndpoint:
             await self.legacy_clients.handle(scope, body, headers, receive, send)
             return
         try:
-            call = parse_call(body, headers)
+            call = parse_call(body, headers, principal_of(scope))
         except rpc.McpError as exc:
             await asgi.send_error(send, exc)
             return
-        call.principal = scope.get("auth")
         if call.is_notification:
             await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})

@@ -34,7 +34,6 @@ from gateway.dispatch import SERVER_INFO, Dispatcher
 from gateway.legacy_clients import translate
 from gateway.legacy_clients.calls import LegacyCallRunner
 from gateway.legacy_clients.notifications import SessionNotifications
-from gateway.legacy_clients.sse_front import OLD_TRANSPORT
 from gateway.legacy_clients.sessions import (
     EventLog,
     LegacySession,
@@ -44,9 +43,11 @@ from gateway.legacy_clients.sessions import (
     parse_event_id,
     principal_key,
 )
+from gateway.legacy_clients.sse_front import OLD_TRANSPORT
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta, sse
+from gateway.protocol.principal import principal_of
 from gateway.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS
 
 log = logging.getLogger("gateway.legacy_clients")
@@ -278,7 +279,7 @@ class LegacyClients:
             principal_key(scope), version, params.get("capabilities") or {}, client_info,
             authenticated=is_authenticated(scope),
         )
-        session.principal = scope.get("auth")
+        session.principal = principal_of(scope)
         session.server_capabilities = translate.legacy_capabilities(
             fleet.get("capabilities") or {}, notifications=self.dispatcher.hub is not None
         )

@@ -30,9 +30,10 @@ from urllib.parse import parse_qs
 import orjson
 
 from gateway import asgi
-from gateway.protocol import jsonrpc as rpc
 from gateway.legacy_clients.sessions import is_authenticated, per_principal_share, principal_key
+from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
+from gateway.protocol.principal import principal_of
 
 if TYPE_CHECKING:
     from gateway.legacy_clients.server import LegacyClients
@@ -58,7 +59,7 @@ class _Connection:
     def __init__(self, connection_id: str, principal: str, scope: asgi.Scope) -> None:
         self.id = connection_id
         self.principal_key = principal
-        self.auth = scope.get("auth")
+        self.auth = principal_of(scope)
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_LIMIT)
         self.closed = asyncio.Event()
         self.session_id: str | None = None  # the gateway session, once initialize succeeded

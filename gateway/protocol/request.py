@@ -17,6 +17,7 @@ from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.methods import METHODS, MethodSpec
+from gateway.protocol.principal import ANONYMOUS, Principal
 from gateway.protocol.versions import MODERN_VERSIONS
 
 Headers = dict[str, str]
@@ -42,8 +43,9 @@ class Call:
     # backends get `wire_body()`).
     body: bytes
     headers: Headers
-    # Opaque identity of the caller, set by the authentication policy (None = anonymous).
-    principal: Any = None
+    # Who is calling: the authentication policy's verdict (`scope["auth"]`), from parsing on.
+    # Every consumer reads its keys (protocol/principal.py); nothing derives the caller again.
+    principal: Principal = ANONYMOUS
 
     @property
     def is_notification(self) -> bool:
@@ -98,8 +100,9 @@ class Call:
         return {k: v for k, v in self.headers.items() if k.startswith(h.PARAM_PREFIX)}
 
 
-def parse_call(body: bytes, headers: Headers) -> Call:
-    """Validate a POSTed body against its headers (digest §a.5 steps 3–9)."""
+def parse_call(body: bytes, headers: Headers, principal: Principal = ANONYMOUS) -> Call:
+    """Validate a POSTed body against its headers (digest §a.5 steps 3–9), as sent by
+    `principal`."""
     # 3. JSON parse.
     try:
         msg = orjson.loads(body)
@@ -132,7 +135,8 @@ def parse_call(body: bytes, headers: Headers) -> Call:
     if request_id is None:
         # Notifications: the revision defines none from client to server over HTTP and the
         # header rules for them are undefined (SHTTP); accept and let the endpoint say 202.
-        return Call(None, method, params, headers.get(h.PROTOCOL_VERSION, ""), spec, None, body, headers)
+        return Call(None, method, params, headers.get(h.PROTOCOL_VERSION, ""), spec, None, body, headers,
+                    principal)
 
     # 5. Required headers present.
     version_header = headers.get(h.PROTOCOL_VERSION)
@@ -194,7 +198,7 @@ def parse_call(body: bytes, headers: Headers) -> Call:
     if spec is None:
         raise rpc.method_not_found(method, request_id)
 
-    return Call(request_id, method, params, version_header, spec, name, body, headers)
+    return Call(request_id, method, params, version_header, spec, name, body, headers, principal)
 
 
 def check_param_headers(call: Call, annotations: tuple[h.ParamHeader, ...]) -> None:

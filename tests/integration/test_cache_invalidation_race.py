@@ -15,7 +15,7 @@ from gateway.backends.base import Backend, internal_call
 from gateway.cache import admin
 from gateway.cache.factory import build_store
 from gateway.cache.service import StoreCache
-from gateway.policies.auth import Principal
+from gateway.protocol.principal import Principal
 from gateway.routing.table import Target
 from gateway.settings import BackendSettings, CacheSettings
 

@@ -15,13 +15,13 @@ from gateway.cache.assembled import MAX_ANSWERS
 from gateway.cache.memory import MemoryStore
 from gateway.cache.service import StoreCache
 from gateway.dispatch import Dispatcher
-from gateway.policies.auth import Principal
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.principal import Principal
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import BackendSettings, CacheSettings
 from tests.support.clock import ManualClock
 
-# Authenticated (auth.mode jwt): only those key private entries (service.principal_of).
+# Authenticated (auth.mode jwt): only those key private entries (`Principal.cache_key`).
 ALICE, BOB = Principal("alice", "https://idp", True), Principal("bob", "https://idp", True)
 
 
@@ -57,7 +57,7 @@ def fleet():
     return Dispatcher(table, cache=cache), backends, clock
 
 
-def tools_list(principal: Principal | None = ALICE, request_id: Any = 1, method: str = "tools/list", **params: Any):
+def tools_list(principal: Principal = ALICE, request_id: Any = 1, method: str = "tools/list", **params: Any):
     call = internal_call(method, params, request_id=request_id)
     call.principal = principal
     return call
