@@ -71,7 +71,7 @@ class Dispatcher:
             return await self._read(call)
         if method == "completion/complete":
             return await self._complete(call)
-        if method == "subscriptions/listen":
+        if spec.stream_only:
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
             return await self.hub.listen(call, self.table.targets)

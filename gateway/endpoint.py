@@ -29,8 +29,6 @@ from gateway.protocol.request import Call, parse_call
 log = logging.getLogger("gateway.endpoint")
 
 _ALLOW = [(b"allow", b"POST")]
-# Methods whose work may be long: a client that goes away cancels the backend's work.
-_WATCH_DISCONNECT = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 
 
 class McpEndpoint:
@@ -73,9 +71,11 @@ class McpEndpoint:
             await send({"type": "http.response.body", "body": b""})
             return
 
-        if call.method in _WATCH_DISCONNECT:
+        spec = call.spec
+        assert spec is not None  # a request's method is in the table (parse_call, step 9)
+        if spec.long_running:  # a client that goes away cancels the backend's work
             await self._answer_cancellable(call, receive, send)
-        elif call.method == "subscriptions/listen":
+        elif spec.stream_only:
             await self._answer_watching(call, receive, send)
         else:
             await self._answer(call, send)

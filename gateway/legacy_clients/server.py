@@ -47,6 +47,7 @@ from gateway.legacy_clients.sse_front import OLD_TRANSPORT
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta, sse
+from gateway.protocol.methods import is_long_running
 from gateway.protocol.principal import principal_of
 from gateway.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS
 
@@ -55,9 +56,6 @@ log = logging.getLogger("gateway.legacy_clients")
 SESSION_HEADER = "mcp-session-id"
 _SESSION_HEADER_BYTES = SESSION_HEADER.encode()
 _ALLOW = [(b"allow", b"POST")]
-# Methods whose answers may need a stream: progress, logs, and server-to-client requests for
-# input. They are answered as SSE whenever the client accepts it, as the SDK servers do.
-_STREAMED = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 # Reconnect delay the priming event asks for (L-TR §Sending 6: the client MUST respect it).
 RETRY_MS = 1000
 # Forwarded requests one session may have in flight. A dropped stream does not cancel its
@@ -395,7 +393,9 @@ class LegacyClients:
                 "some of them", limit="legacy_clients.MAX_IN_FLIGHT_PER_SESSION", request_id=request_id).to_message())
             return
         accept = headers.get("accept", "")
-        streamed = msg["method"] in _STREAMED and ("text/event-stream" in accept or "*/*" in accept)
+        # Long-running methods' answers may need a stream (progress, logs, server-to-client
+        # requests for input): SSE whenever the client accepts it, as the SDK servers do.
+        streamed = is_long_running(msg["method"]) and ("text/event-stream" in accept or "*/*" in accept)
         stream = session.new_stream() if streamed else None
         if stream is not None:
             stream.prime(RETRY_MS)

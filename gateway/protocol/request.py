@@ -52,6 +52,11 @@ class Call:
         return self.id is None
 
     @property
+    def stream_only(self) -> bool:
+        """Whether the answer is a stream that stays open (`MethodSpec.stream_only`)."""
+        return self.spec is not None and self.spec.stream_only
+
+    @property
     def meta(self) -> dict[str, Any]:
         m = self.params.get("_meta")
         return m if isinstance(m, dict) else {}

@@ -91,7 +91,7 @@ class LegacyBackend(Backend):
             result = translate.discover_result(session.initialize_result or {}, ttl_ms=self.settings.default_ttl_ms,
                                                cache_scope=self.settings.default_cache_scope)
             return Reply(self.name, message=rpc.result_message(call.id, result))  # type: ignore[arg-type]
-        if method == "subscriptions/listen":
+        if call.stream_only:
             return await self.listens.listen(call)
         if "requestState" in call.params:
             return await self._resume(call)
