@@ -41,9 +41,20 @@ _RESOURCE_INDEX_REFRESH_SECONDS = 5.0
 
 
 class Hub(Protocol):
-    """The subscription hub seam: turns a client's listen call into its notification stream."""
+    """The subscription hub seam: turns a client's listen call into its notification stream,
+    with the lifecycle `Runtime` drives (subscriptions/hub.py `SubscriptionHub`)."""
 
     async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply: ...
+
+    async def start(self) -> None:
+        """Called once the backends and the cache are started (before any listen)."""
+
+    async def begin_shutdown(self) -> None:
+        """The server stopped accepting: end every client stream gracefully so that the drain
+        can finish."""
+
+    async def aclose(self) -> None:
+        """Stop everything (upstream streams, the bus); the hub is not used again."""
 
 
 class Dispatcher:

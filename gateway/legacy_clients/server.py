@@ -43,7 +43,6 @@ from gateway.legacy_clients.sessions import (
     parse_event_id,
     principal_key,
 )
-from gateway.legacy_clients.sse_front import OLD_TRANSPORT
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta, sse
@@ -108,9 +107,12 @@ class LegacyClients:
         return False
 
     async def handle(
-        self, scope: asgi.Scope, body: bytes, headers: dict[str, str], receive: asgi.Receive, send: asgi.Send
+        self, scope: asgi.Scope, body: bytes, headers: dict[str, str], receive: asgi.Receive, send: asgi.Send,
+        *, old_transport: bool = False,
     ) -> None:
-        """One POST of a legacy client."""
+        """One POST of a legacy client. `old_transport`: it came over the HTTP+SSE transport
+        (sse_front.py), so `initialize` may negotiate 2024-11-05, the revision whose clients
+        speak it."""
         try:
             msg = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -151,7 +153,7 @@ class LegacyClients:
             return
         method = msg.get("method")
         if method == "initialize":
-            await self._initialize(scope, msg, send)
+            await self._initialize(scope, msg, send, old_transport)
             return
         session_id = headers.get(SESSION_HEADER)
         if session_id is None:
@@ -256,7 +258,7 @@ class LegacyClients:
 
     # -- initialize ---------------------------------------------------------------------------
 
-    async def _initialize(self, scope: asgi.Scope, msg: Message, send: asgi.Send) -> None:
+    async def _initialize(self, scope: asgi.Scope, msg: Message, send: asgi.Send, old_transport: bool) -> None:
         request_id = _request_id(msg)
         params = msg.get("params")
         if request_id is None:
@@ -265,7 +267,7 @@ class LegacyClients:
         if not isinstance(params, dict) or not isinstance(params.get("capabilities", {}), dict):
             await _send_error(send, rpc.invalid_params('"params.capabilities" must be an object', request_id))
             return
-        version = translate.negotiate_version(params.get("protocolVersion"), old_transport=bool(scope.get(OLD_TRANSPORT)))
+        version = translate.negotiate_version(params.get("protocolVersion"), old_transport=old_transport)
         try:
             reply = await self.dispatcher.dispatch(internal_call("server/discover", request_id=request_id))
             fleet = (await reply.final()).get("result") or {}

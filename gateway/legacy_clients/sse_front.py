@@ -48,9 +48,6 @@ _INTERNAL_ACCEPT = (b"accept", b"application/json, text/event-stream")
 # would otherwise hold the stream, and its session, for ever).
 _QUEUE_LIMIT = 1000
 _STALLED_WRITE_SECONDS = 60.0
-# Marks the internal requests in their scope: `initialize` may then negotiate 2024-11-05,
-# the revision whose clients speak this transport (server.py).
-OLD_TRANSPORT = "mcp_gateway.http_sse"
 
 
 class _Connection:
@@ -276,10 +273,11 @@ class SseFront:
                 connection.session_id = session_id.decode("latin-1")
             return True
 
-        inner = {**scope, "method": "POST", "query_string": b"", "auth": connection.auth, OLD_TRANSPORT: True,
+        inner = {**scope, "method": "POST", "query_string": b"", "auth": connection.auth,
                  "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
         try:
-            await self.server.handle(inner, body, headers, connection.disconnected, _Relay(connection, started))
+            await self.server.handle(inner, body, headers, connection.disconnected, _Relay(connection, started),
+                                     old_transport=True)
         except Exception:
             log.exception("legacy SSE client %s: a message failed", connection.id[:8])
             return
