@@ -159,9 +159,10 @@ class Dispatcher:
     async def _list_page(self, target: Target, call: Call) -> Message:
         """One backend's page, within its `list_timeout_seconds`: a late backend is left out of
         the aggregated answer (fanout.py), not waited for. The deadline bounds the trip to the
-        backend only; a cache hit never arms it (measured: ~8 µs of a cached list, bench/README.md
-        "Second round"), and everything else a lookup may wait on is bounded on its own (the store's
-        socket timeouts, the fill lock's lifetime, the single-flight leader's own deadline)."""
+        backend only; a cache hit never arms it (a timer is a measurable share of a cached list:
+        bench/README.md "Profile"), and everything else a lookup may wait on is bounded on its own
+        (the store's socket timeouts, the fill lock's lifetime, the single-flight leader's own
+        deadline)."""
         async with asyncio.timeout(target.backend.settings.list_timeout_seconds):
             return await self._final(target, call)
 

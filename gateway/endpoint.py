@@ -99,8 +99,8 @@ class McpEndpoint:
 
         Nobody listens for the disconnect during the first `_WATCH_GRACE_SECONDS`: a watcher
         task is started only for calls that take longer. Most calls end well within it, and
-        for them this saves two tasks and an `asyncio.wait` (measured: 30.6 µs per call,
-        against 1.9 µs for the grace timer; bench/README.md "Profile"). A client that leaves
+        for them this saves two tasks and an `asyncio.wait`, many times what the grace timer
+        costs (bench/README.md "Profile"). A client that leaves
         sooner is noticed when the grace ends; its call is cancelled all the same."""
         # One lookup of the loop: on Python 3.11 each `get_running_loop()` (which
         # `current_task()` without a loop makes too) is a getpid() system call.

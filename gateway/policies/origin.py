@@ -29,8 +29,8 @@ from gateway.protocol import jsonrpc as rpc
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "localhost.localdomain"})
 
 
-# Memoized: it runs on every request (Host check) and parsing an IP address costs ~4 % of a
-# cached tools/list (bench/README.md "Profile"). Bounded, since clients choose the names.
+# Memoized: it runs on every request (Host check), and parsing an IP address is a visible share
+# of a cached tools/list (bench/README.md "Profile"). Bounded, since clients choose the names.
 @functools.lru_cache(maxsize=1024)
 def _is_loopback_host(host: str) -> bool:
     # Brackets already off (urlsplit's hostname, `_split_host`): one left over means a

@@ -94,7 +94,8 @@ class Call:
         never the client's bytes. A body can say a thing two ways (a key twice, `"method"` and
         `"\\u006dethod"`): orjson keeps the last, a first-wins parser upstream the first, and the
         backend would act on another method or name than the one the gateway checked against
-        `Mcp-Method`/`Mcp-Name`, its routes and the token's scopes. Encoding costs ~0.3 µs."""
+        `Mcp-Method`/`Mcp-Name`, its routes and the token's scopes. Encoding again is cheap
+        beside the request (bench/README.md "Profile")."""
         msg: dict[str, Any] = {"jsonrpc": "2.0", "method": self.method, "params": self.params}
         if self.id is not None:
             msg["id"] = self.id
