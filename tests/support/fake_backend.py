@@ -69,8 +69,8 @@ def discover_result(capabilities: Mapping[str, Any] | None = None, **extra: Any)
 
 
 class FakeBackend(Backend):
-    def __init__(self, handler: Handler, *, name: str = "fake", **settings: Any) -> None:
-        super().__init__(BackendSettings(name=name, url=f"http://127.0.0.1:1/{name}", **settings))
+    def __init__(self, handler: Handler, *, name: str = "fake", url: str | None = None, **settings: Any) -> None:
+        super().__init__(BackendSettings(name=name, url=url or f"http://127.0.0.1:1/{name}", **settings))
         self.handler = handler
         self.calls: list[Call] = []
         self.closed_streams = 0

@@ -9,24 +9,22 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.base import Backend, internal_call
+from gateway.backends.base import internal_call
 from gateway.cache.memory import MemoryStore
 from gateway.cache.service import StoreCache
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.principal import ANONYMOUS, Principal, credential_principal
 from gateway.routing.table import Target
-from gateway.settings import BackendSettings, CacheSettings
+from gateway.settings import CacheSettings
 from tests.support.clock import ManualClock
+from tests.support.fake_backend import FakeBackend
 
 
-class NamedBackend(Backend):
-    """Only its name and settings matter here; the tests' loaders answer for it."""
-
-    async def send(self, call):  # pragma: no cover - never called
-        raise AssertionError("the cache must call the loader, not the backend")
+def never_called(call):  # pragma: no cover - the cache must call the loader, not the backend
+    raise AssertionError("the cache must call the loader, not the backend")
 
 
-TARGET = Target(NamedBackend(BackendSettings(name="alpha", url="http://127.0.0.1:1/mcp")), "")
+TARGET = Target(FakeBackend(never_called, name="alpha"), "")
 # Authenticated (auth.mode jwt): only those key private entries (`Principal.cache_key`).
 ALICE, BOB = Principal("alice", "https://idp", True), Principal("bob", "https://idp", True)
 
@@ -297,7 +295,7 @@ async def test_a_config_change_for_the_route_starts_from_empty():
     first = StoreCache(store, CacheSettings(), clock=store_clock)
     load = Loader()
     await first.fetch(TARGET, call(), load)
-    moved = Target(NamedBackend(BackendSettings(name="alpha", url="http://127.0.0.1:2/mcp")), "")
+    moved = Target(FakeBackend(never_called, name="alpha", url="http://127.0.0.1:2/mcp"), "")
     second = StoreCache(store, CacheSettings(), clock=store_clock)
     _, outcome = await second.fetch(moved, call(), load)
     assert outcome == "miss"
