@@ -73,7 +73,10 @@ class FakeBackend(Backend):
         super().__init__(BackendSettings(name=name, url=url or f"http://127.0.0.1:1/{name}", **settings))
         self.handler = handler
         self.calls: list[Call] = []
+        # Stream answers whose generator finished (ran its `finally`), and answers released
+        # through `Reply.closers` (run by `Reply.aclose` even for a stream never read).
         self.closed_streams = 0
+        self.released = 0
 
     @property
     def methods(self) -> list[str]:
@@ -88,8 +91,11 @@ class FakeBackend(Backend):
         if isinstance(answer, Reply):
             return answer
         if isinstance(answer, Stream):
-            return Reply(self.name, stream=self._stream(call, answer))
+            return Reply(self.name, stream=self._stream(call, answer), closers=[self._release])
         return Reply(self.name, message=self._message(call, answer))
+
+    def _release(self) -> None:
+        self.released += 1
 
     def _message(self, call: Call, answer: Any) -> Message:
         if not isinstance(answer, dict):
