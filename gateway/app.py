@@ -7,9 +7,9 @@ The request pipeline is declared here, in order, as data (the shape of Starlette
                                                                   (parse → validate → route →
                                                                    cache → forward → rewrite)
 
-Host, origin, authentication (mode none) and size limits decide from the head alone: `wrap`
-runs such a row as one step (policies/head.py). Everything after "size limits" runs in
-`McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup:
+Host, origin, authentication and size limits decide from the head alone: `wrap` runs such a
+row as one step (policies/head.py), and each refuses with an `McpError`. Everything after
+"size limits" runs in `McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup:
 the hot path pays for no regex router.
 """
 
@@ -80,7 +80,7 @@ def wrap(app: asgi.ASGIApp, steps: Sequence[Middleware]) -> asgi.ASGIApp:
 def _head_phase(app: asgi.ASGIApp, row: list[HeadPolicy]) -> asgi.ASGIApp:
     if not row:
         return app
-    return row[0] if len(row) == 1 else HeadPhase(app, row)
+    return HeadPhase(app, row)
 
 
 class GatewayApp:

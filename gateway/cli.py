@@ -61,7 +61,7 @@ def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any
         access_log=settings.observability.access_log,
         timeout_graceful_shutdown=settings.server.graceful_shutdown_seconds,
         server_header=False,
-        # The hot path (bench/README.md "Profile", "Fourth round"): the gateway's own HTTP/1.1
+        # The hot path (bench/README.md "Profile"): the gateway's own HTTP/1.1
         # protocol (gateway/http11.py) unless `server.http: uvicorn` asks for uvicorn's
         # httptools one. No X-Forwarded-* rewriting: nothing in the gateway reads
         # scope["client"] or scope["scheme"], so that middleware was pure cost per request.

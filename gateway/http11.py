@@ -2,9 +2,8 @@
 
 uvicorn stays the server: sockets, the lifespan, signals, graceful shutdown and its
 `ServerState`. This class replaces only its per-connection protocol, which measured as the
-largest single cost of a cached answer (bench/README.md "Fourth round": uvicorn's
-`HttpToolsProtocol` ~30 µs of CPU per request before any application code). Back to back
-against it: pass-through `tools/call` +14 %, cached `tools/list` +17 %. The same parser
+largest single cost of a cached answer (uvicorn's `HttpToolsProtocol`, before any application
+code; figures, back to back against it: bench/README.md "Profile"). The same parser
 (httptools/llhttp), the same ASGI 3 contract; what is left out is what the gateway does not
 use (WebSocket upgrades, the `--limit-concurrency` switch, proxy headers). What it does
 differently, and why:

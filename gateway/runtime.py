@@ -34,7 +34,7 @@ class Runtime:
             max_uris=settings.server.max_resource_uris,
         )
         self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
-        self.hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
+        self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
         self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
         self._discovery: asyncio.Task[None] | None = None
         self.shutting_down = False
@@ -42,9 +42,7 @@ class Runtime:
     async def start(self) -> None:
         await asyncio.gather(*(b.start() for b in self.backends))
         await self.cache.start()
-        starter = getattr(self.hub, "start", None)
-        if starter is not None:
-            await starter()
+        await self.hub.start()
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
@@ -70,16 +68,12 @@ class Runtime:
         """Called when the server stops accepting: long-lived streams get their graceful end
         so that in-flight requests can drain."""
         self.shutting_down = True
-        closer = getattr(self.hub, "begin_shutdown", None)
-        if closer is not None:
-            await closer()
+        await self.hub.begin_shutdown()
 
     async def aclose(self) -> None:
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
-        closer = getattr(self.hub, "aclose", None)
-        if closer is not None:
-            await closer()
+        await self.hub.aclose()
         await self.cache.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
 

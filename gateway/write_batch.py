@@ -1,15 +1,13 @@
 """Socket writes held until the event loop has run every callback that was ready, then sent
 together: the answers (and upstream requests) one pass of the loop produced leave back to back.
 
-Why (bench/README.md "Fifth round"): a `send()` to a peer asleep in `epoll_wait` wakes it. On
-another core that is an inter-processor interrupt, which the sender pays inside the system
-call (~12 µs in this VM: 18 % of a cached answer's CPU); on the same core the woken peer
-usually preempts the writer, handles that one message and sleeps again. Writing every answer
-the moment it was ready, the gateway woke wrk once per response (0.98 context switches per
-request, against 0.19 behind nginx, which relays the backend's bursts as bursts) and woke its
-backend once per request, which then paid its own loop pass per request (49 µs of backend CPU
-per request behind the gateway, 35 behind nginx). Held to the end of the pass, one wakeup
-serves every write of the pass: cached `tools/list` +21 %, pass-through `tools/call` +12 %.
+Why: a `send()` to a peer asleep in `epoll_wait` wakes it. On another core that is an
+inter-processor interrupt, which the sender pays inside the system call; on the same core the
+woken peer usually preempts the writer, handles that one message and sleeps again. Writing
+every answer the moment it was ready, the gateway woke its client once per response (nginx,
+which relays the backend's bursts as bursts, does not) and woke its backend once per request,
+which then paid its own loop pass per request. Held to the end of the pass, one wakeup serves
+every write of the pass (figures: bench/README.md "Profile").
 
 The price is that a write waits for the rest of the pass that made it: the callbacks already
 ready, and one `epoll_wait` that does not block. A write of `FLUSH_BYTES` or more goes out at
@@ -17,7 +15,7 @@ once, which also bounds what a transport can hold here when an application write
 without yielding; anything that closes a transport or writes to it directly first calls
 `flush(transport)`, so bytes never overtake each other. A writer that knows nothing else can
 share the wakeup (http11.py: the only request being answered) uses `write_now`, which sends at
-once behind what the transport holds (bench/README.md "Sixth round").
+once behind what the transport holds (bench/README.md "Profile").
 """
 
 from __future__ import annotations

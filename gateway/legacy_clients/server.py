@@ -34,7 +34,6 @@ from gateway.dispatch import SERVER_INFO, Dispatcher
 from gateway.legacy_clients import translate
 from gateway.legacy_clients.calls import LegacyCallRunner
 from gateway.legacy_clients.notifications import SessionNotifications
-from gateway.legacy_clients.sse_front import OLD_TRANSPORT
 from gateway.legacy_clients.sessions import (
     EventLog,
     LegacySession,
@@ -47,6 +46,8 @@ from gateway.legacy_clients.sessions import (
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta, sse
+from gateway.protocol.methods import is_long_running
+from gateway.protocol.principal import principal_of
 from gateway.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS
 
 log = logging.getLogger("gateway.legacy_clients")
@@ -54,9 +55,6 @@ log = logging.getLogger("gateway.legacy_clients")
 SESSION_HEADER = "mcp-session-id"
 _SESSION_HEADER_BYTES = SESSION_HEADER.encode()
 _ALLOW = [(b"allow", b"POST")]
-# Methods whose answers may need a stream: progress, logs, and server-to-client requests for
-# input. They are answered as SSE whenever the client accepts it, as the SDK servers do.
-_STREAMED = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 # Reconnect delay the priming event asks for (L-TR §Sending 6: the client MUST respect it).
 RETRY_MS = 1000
 # Forwarded requests one session may have in flight. A dropped stream does not cancel its
@@ -109,9 +107,12 @@ class LegacyClients:
         return False
 
     async def handle(
-        self, scope: asgi.Scope, body: bytes, headers: dict[str, str], receive: asgi.Receive, send: asgi.Send
+        self, scope: asgi.Scope, body: bytes, headers: dict[str, str], receive: asgi.Receive, send: asgi.Send,
+        *, old_transport: bool = False,
     ) -> None:
-        """One POST of a legacy client."""
+        """One POST of a legacy client. `old_transport`: it came over the HTTP+SSE transport
+        (sse_front.py), so `initialize` may negotiate 2024-11-05, the revision whose clients
+        speak it."""
         try:
             msg = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -152,7 +153,7 @@ class LegacyClients:
             return
         method = msg.get("method")
         if method == "initialize":
-            await self._initialize(scope, msg, send)
+            await self._initialize(scope, msg, send, old_transport)
             return
         session_id = headers.get(SESSION_HEADER)
         if session_id is None:
@@ -257,7 +258,7 @@ class LegacyClients:
 
     # -- initialize ---------------------------------------------------------------------------
 
-    async def _initialize(self, scope: asgi.Scope, msg: Message, send: asgi.Send) -> None:
+    async def _initialize(self, scope: asgi.Scope, msg: Message, send: asgi.Send, old_transport: bool) -> None:
         request_id = _request_id(msg)
         params = msg.get("params")
         if request_id is None:
@@ -266,7 +267,7 @@ class LegacyClients:
         if not isinstance(params, dict) or not isinstance(params.get("capabilities", {}), dict):
             await _send_error(send, rpc.invalid_params('"params.capabilities" must be an object', request_id))
             return
-        version = translate.negotiate_version(params.get("protocolVersion"), old_transport=bool(scope.get(OLD_TRANSPORT)))
+        version = translate.negotiate_version(params.get("protocolVersion"), old_transport=old_transport)
         try:
             reply = await self.dispatcher.dispatch(internal_call("server/discover", request_id=request_id))
             fleet = (await reply.final()).get("result") or {}
@@ -278,7 +279,7 @@ class LegacyClients:
             principal_key(scope), version, params.get("capabilities") or {}, client_info,
             authenticated=is_authenticated(scope),
         )
-        session.principal = scope.get("auth")
+        session.principal = principal_of(scope)
         session.server_capabilities = translate.legacy_capabilities(
             fleet.get("capabilities") or {}, notifications=self.dispatcher.hub is not None
         )
@@ -394,7 +395,9 @@ class LegacyClients:
                 "some of them", limit="legacy_clients.MAX_IN_FLIGHT_PER_SESSION", request_id=request_id).to_message())
             return
         accept = headers.get("accept", "")
-        streamed = msg["method"] in _STREAMED and ("text/event-stream" in accept or "*/*" in accept)
+        # Long-running methods' answers may need a stream (progress, logs, server-to-client
+        # requests for input): SSE whenever the client accepts it, as the SDK servers do.
+        streamed = is_long_running(msg["method"]) and ("text/event-stream" in accept or "*/*" in accept)
         stream = session.new_stream() if streamed else None
         if stream is not None:
             stream.prime(RETRY_MS)

@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from gateway.protocol.principal import ANONYMOUS, Principal, principal_of
+
 log = logging.getLogger("gateway.legacy_clients")
 
 Message = dict[str, Any]
@@ -129,14 +131,13 @@ class EventLog:
 
 
 def principal_key(scope: Any) -> str:
-    """The key a session is bound to: the request's principal (`scope["auth"]`), "" without one."""
-    principal = scope.get("auth")
-    return getattr(principal, "key", "") if principal is not None else ""
+    """The key a session is bound to: the request's `Principal.key` (protocol/principal.py)."""
+    return principal_of(scope).key
 
 
 def is_authenticated(scope: Any) -> bool:
     """Did the request prove who it is (auth mode jwt)? Only such principals get a share."""
-    return bool(getattr(scope.get("auth"), "authenticated", False))
+    return principal_of(scope).authenticated
 
 
 def parse_event_id(value: str) -> tuple[str, int] | None:
@@ -171,7 +172,7 @@ class LegacySession:
     notifications: EventLog | None = None
     listener: asyncio.Task[None] | None = None
     # The authenticated caller (scope["auth"]) that every modern call of the session carries.
-    principal: Any = None
+    principal: Principal = ANONYMOUS
     # What the gateway advertised in its InitializeResult (translate.legacy_capabilities).
     server_capabilities: dict[str, Any] = field(default_factory=dict)
     closed: bool = False

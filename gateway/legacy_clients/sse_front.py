@@ -30,9 +30,10 @@ from urllib.parse import parse_qs
 import orjson
 
 from gateway import asgi
-from gateway.protocol import jsonrpc as rpc
 from gateway.legacy_clients.sessions import is_authenticated, per_principal_share, principal_key
+from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
+from gateway.protocol.principal import principal_of
 
 if TYPE_CHECKING:
     from gateway.legacy_clients.server import LegacyClients
@@ -47,9 +48,6 @@ _INTERNAL_ACCEPT = (b"accept", b"application/json, text/event-stream")
 # would otherwise hold the stream, and its session, for ever).
 _QUEUE_LIMIT = 1000
 _STALLED_WRITE_SECONDS = 60.0
-# Marks the internal requests in their scope: `initialize` may then negotiate 2024-11-05,
-# the revision whose clients speak this transport (server.py).
-OLD_TRANSPORT = "mcp_gateway.http_sse"
 
 
 class _Connection:
@@ -58,7 +56,7 @@ class _Connection:
     def __init__(self, connection_id: str, principal: str, scope: asgi.Scope) -> None:
         self.id = connection_id
         self.principal_key = principal
-        self.auth = scope.get("auth")
+        self.auth = principal_of(scope)
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_LIMIT)
         self.closed = asyncio.Event()
         self.session_id: str | None = None  # the gateway session, once initialize succeeded
@@ -275,10 +273,11 @@ class SseFront:
                 connection.session_id = session_id.decode("latin-1")
             return True
 
-        inner = {**scope, "method": "POST", "query_string": b"", "auth": connection.auth, OLD_TRANSPORT: True,
+        inner = {**scope, "method": "POST", "query_string": b"", "auth": connection.auth,
                  "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
         try:
-            await self.server.handle(inner, body, headers, connection.disconnected, _Relay(connection, started))
+            await self.server.handle(inner, body, headers, connection.disconnected, _Relay(connection, started),
+                                     old_transport=True)
         except Exception:
             log.exception("legacy SSE client %s: a message failed", connection.id[:8])
             return

@@ -64,8 +64,8 @@ async def aggregate_list(
 
     outcomes: list[Message | BaseException]
     if len(plan) == 1:
-        # One backend: awaited in this task. gather (and wait_for) added tasks and futures:
-        # measured 13.3 µs against 5.7 µs per list, bench/README.md "Profile".
+        # One backend: awaited in this task. gather (and wait_for) added tasks and futures, more
+        # than twice the cost of the list itself (bench/README.md "Profile").
         try:
             outcomes = [await one(*plan[0])]
         except Exception as exc:

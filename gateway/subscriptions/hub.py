@@ -201,7 +201,7 @@ class SubscriptionHub:
             # SEP-2663: taskIds needs the Tasks extension declared.
             raise rpc.missing_capability({"extensions": {meta.TASKS_EXTENSION: {}}}, call.id)
         await self.start()
-        principal = getattr(call.principal, "key", None) or "anonymous"
+        principal = call.principal.key
         self._admit(principal, call.id)
         client = ClientListen(self, call.id, principal, self.settings.queue_size, asyncio.current_task())
         self._clients.add(client)

@@ -94,7 +94,7 @@ class LegacyBackend(Backend):
             result = translate.discover_result(session.initialize_result or {}, ttl_ms=self.settings.default_ttl_ms,
                                                cache_scope=self.settings.default_cache_scope)
             return Reply(self.name, message=rpc.result_message(call.id, result))  # type: ignore[arg-type]
-        if method == "subscriptions/listen":
+        if call.stream_only:
             return await self.listens.listen(call)
         if "requestState" in call.params:
             return await self._resume(call)
@@ -286,7 +286,7 @@ class LegacyBackend(Backend):
         """The InputRequiredResult that parks this call until the client's retry. Raises
         -31004 (after cancelling the backend call) when this replica already holds as many
         parked calls as it may (per principal or in total)."""
-        principal = mrtr.principal_key(call)
+        principal = call.principal.key
         refusal = self.continuations.refusal(principal)
         if refusal is not None:
             # Cancelled before the error leaves. Its pending requests are left unanswered: the
@@ -328,7 +328,7 @@ class LegacyBackend(Backend):
         expires = time.time() + self.settings.input_wait_seconds
         # No continuation: nothing is parked, so any replica may serve the retry ("r").
         state = self.sealer.seal({
-            "r": True, "b": self.name, "p": mrtr.principal_key(call), "d": mrtr.request_digest(call),
+            "r": True, "b": self.name, "p": call.principal.key, "d": mrtr.request_digest(call),
             "exp": expires, "k": sorted(requests),
         })
         result = {"resultType": "input_required", "inputRequests": requests, "requestState": state}
@@ -394,7 +394,7 @@ class LegacyBackend(Backend):
 
     @staticmethod
     def _check_binding(state: dict[str, Any], call: Call) -> None:
-        if state.get("p") != mrtr.principal_key(call):
+        if state.get("p") != call.principal.key:
             raise rpc.invalid_params("requestState was issued to another principal", call.id)
         if state.get("d") != mrtr.request_digest(call):
             raise rpc.invalid_params("requestState was issued for a different request", call.id)
