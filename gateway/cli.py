@@ -74,28 +74,44 @@ def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any
     return uvicorn.Config(app, **options)
 
 
+class _StartupRefused(Exception):
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+
+
 async def _serve(settings: GatewaySettings) -> None:
     import uvicorn
 
     from gateway.app import build_app
     from gateway.demo.backend import demo_app
+    from gateway.lifecycle import Lifecycle, Listener, run_until_stopped
+    from gateway.preflight import _problems
 
-    servers: list[uvicorn.Server] = []
+    server_settings = settings.server
     demo_server = None
     if settings.demo or not settings.backends:
         demo_sock = _bind("127.0.0.1", 0)
         demo_port = demo_sock.getsockname()[1]
-        demo_server = uvicorn.Server(uvicorn.Config(demo_app, log_level="warning", lifespan="off"))
+        demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off"))
         settings = settings.model_copy(update={"backends": (
             *settings.backends,
             *GatewaySettings(backends=[{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp",
                                         "era": "modern"}]).backends,
         )})
         log.info("no backends configured: serving the bundled demo backend on 127.0.0.1:%d", demo_port)
-        demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock]))
-    app = build_app(settings)
+    try:
+        app = build_app(settings)
+    except Exception:
+        # The field-named problems check-config would print, not a traceback.
+        raise _StartupRefused(await _problems(settings) or [("<start-up>", "building the gateway failed")]) from None
+    # Bind before anything starts: a port in use is a clear error, not a half-started process.
+    mcp_sock = _bind(server_settings.host, server_settings.port)
+    ops_sock = None
+    if server_settings.ops_port is not None:
+        ops_sock = _bind(server_settings.ops_host or server_settings.host, server_settings.ops_port)
+    demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock])) if demo_server is not None else None
 
-    class GatewayServer(uvicorn.Server):
+    class GatewayServer(Listener):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             # Everything alive now (modules, settings, the runtime) lives as long as the
@@ -110,22 +126,36 @@ async def _serve(settings: GatewaySettings) -> None:
                 discovery.add_done_callback(lambda _task: gc.freeze())
 
         async def shutdown(self, sockets: Any = None) -> None:
-            # Long-lived streams get their graceful end first, so the drain can finish.
+            # Stop accepting first, then give long-lived streams their clean end, so that the
+            # drain of in-flight requests can finish instead of waiting out the deadline.
+            for listener in getattr(self, "servers", ()):
+                listener.close()
             await app.begin_shutdown()
             await super().shutdown(sockets)
 
-    config = uvicorn_config(app, settings)
-    server = GatewayServer(config)
-    servers.append(server)
-    print(f"mcp-gateway {__version__} listening on http://{settings.server.host}:{settings.server.port}"
-          f"{settings.server.path} with {len(settings.backends)} backend(s): "
-          f"{', '.join(b.name for b in settings.backends)}", flush=True)
+    mcp = GatewayServer(uvicorn_config(app, settings))
+    ops_server = None
+    if ops_sock is not None:
+        ops_server = Listener(uvicorn_config(app.ops_app, settings, lifespan="off", access_log=False))
+    lifecycle = Lifecycle(app.runtime.readiness, drain_delay_seconds=server_settings.drain_delay_seconds)
+
+    def started() -> None:
+        ops_line = "" if ops_sock is None else (
+            f"; operations (/healthz, /readyz, /metrics) on http://{server_settings.ops_host or server_settings.host}"
+            f":{ops_sock.getsockname()[1]}")
+        print(f"mcp-gateway {__version__} listening on http://{server_settings.host}:{mcp_sock.getsockname()[1]}"
+              f"{server_settings.path} with {len(settings.backends)} backend(s): "
+              f"{', '.join(b.name for b in settings.backends)}{ops_line}", flush=True)
+
     try:
-        await server.serve()
+        await run_until_stopped(lifecycle, mcp, [mcp_sock], ops_server, [ops_sock] if ops_sock else [],
+                                on_started=started)
     finally:
-        if demo_server is not None:
+        # The embedded backend outlives the gateway's drain: in-flight calls need it.
+        if demo_server is not None and demo_task is not None:
             demo_server.should_exit = True
             await demo_task
+    log.info("stopped")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -146,7 +176,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    runner(_serve(settings))
+    try:
+        runner(_serve(settings))
+    except _StartupRefused as exc:
+        _print_problems(ConfigError(exc.problems))
+        return 2
     return 0
 
 
@@ -156,14 +190,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc)
         return 1
-    from gateway.backends import UnsupportedBackend, create_backend
+    from gateway.preflight import startup_problems
 
-    problems = []
-    for b in settings.backends:
-        try:
-            create_backend(b)
-        except UnsupportedBackend as exc:
-            problems.append((f"backends.{settings.backends.index(b)}", str(exc)))
+    # Everything serve builds at start-up, built here too: what passes never crashes serve.
+    problems = startup_problems(settings)
     if problems:
         _print_problems(ConfigError(problems))
         return 1
