@@ -92,12 +92,21 @@ class ServerSettings(_Frozen):
     # What /readyz requires of the backends, as last seen by the background checks: "any" (at
     # least one answers: one sick backend never takes a fleet out of its Service), "all" (a
     # sidecar's own server), "none" (the process alone), or a number N (at least N answer).
-    readiness: Literal["any", "all", "none"] | Annotated[int, Field(ge=1)] = "any"
+    readiness: Literal["any", "all", "none"] | int = "any"
     # How often each backend's background check refreshes its discovery (and so its state).
     readiness_interval_seconds: Annotated[float, Field(gt=0)] = 10.0
     # On SIGTERM /readyz turns 503 at once and the listener keeps accepting this long, so that
     # load balancers stop sending first; then the graceful shutdown begins. SIGINT skips it.
     drain_delay_seconds: Annotated[float, Field(ge=0)] = 5.0
+
+    @field_validator("readiness", mode="before")
+    @classmethod
+    def _readiness(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)  # from the environment
+        if v in ("any", "all", "none") or (type(v) is int and v >= 1):
+            return v
+        raise ValueError(f"{v!r}: must be 'any', 'all', 'none' or a number of backends (>= 1)")
 
     @field_validator("path", "legacy_sse_path")
     @classmethod
@@ -478,8 +487,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         data = loaded
     data.update(overrides)
     environ = os.environ
-    problems = config_env.check(environ, GatewaySettings)
-    problems += config_env.apply_backend_overrides(data, environ, BackendSettings)
+    problems = config_env.check(environ, GatewaySettings) or config_env.apply_backend_overrides(
+        data, environ, BackendSettings)
     if problems:
         raise ConfigError(problems)
     try:

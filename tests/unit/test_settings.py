@@ -137,13 +137,25 @@ def test_every_bad_field_is_reported_with_its_path():
 @pytest.mark.parametrize(
     ("data", "path", "words"),
     [
-        ({"backends": [{"name": "a"}]}, "backends.0", "exactly one of 'url'"),
-        ({"backends": [{"name": "a", "url": "http://h/mcp", "command": ["x"]}]}, "backends.0", "exactly one"),
+        ({"backends": [{"name": "a"}]}, "backends.0.url", "exactly one of 'url'"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp", "command": ["x"]}]}, "backends.0.url", "exactly one"),
         ({"backends": [{"name": "a", "command": []}]}, "backends.0.command", "non-empty"),
-        ({"backends": [{"name": "a", "url": "http://h/mcp"}, {"name": "a", "url": "http://g/mcp"}]}, "<root>",
-         "unique"),
+        # Cross-field rules name the field to fix, not the section (or the root).
+        ({"backends": [{"name": "a", "url": "http://h/mcp"}, {"name": "a", "url": "http://g/mcp"}]},
+         "backends.1.name", "unique"),
         ({"backends": [{"name": "a", "url": "http://h/mcp", "prefix": "x"},
-                       {"name": "b", "url": "http://g/mcp", "prefix": "xy"}]}, "<root>", "overlapping"),
+                       {"name": "b", "url": "http://g/mcp", "prefix": "xy"}]}, "backends.1.prefix", "overlapping"),
+        ({"backends": [{"name": "a", "command": ["x"], "transport": "sse"}]}, "backends.0.transport", "url"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp"}], "cache": {"rules": [{"backend": "zz"}]}},
+         "cache.rules.0.backend", "'zz'"),
+        ({"cache": {"min_ttl_ms": 5, "max_ttl_ms": 1}}, "cache.min_ttl_ms", "above"),
+        ({"cache": {"rules": [{"min_ttl_ms": 9, "max_ttl_ms": 1}]}}, "cache.rules.0.min_ttl_ms", "above"),
+        ({"server": {"path": "/sse"}}, "server.legacy_sse_path", "differ"),
+        ({"server": {"port": 8080, "ops_port": 8080}}, "server.ops_port", "port of its own"),
+        ({"server": {"readiness": "most"}}, "server.readiness", ""),
+        ({"server": {"readiness": 0}}, "server.readiness", ""),
+        # Only an absent section means the demo backend.
+        ({"backends": []}, "backends", "remove the section"),
         ({"backends": [{"name": "a", "url": "http://h/mcp", "retries": 9}]}, "backends.0.retries", ""),
         ({"backends": [{"name": "a", "url": "http://h/mcp", "timeout_seconds": 0}]}, "backends.0.timeout_seconds",
          ""),
@@ -207,3 +219,79 @@ def test_the_http_sse_paths_must_not_shadow_the_endpoint():
         with pytest.raises(ConfigError) as info:
             load_settings(None, server={"path": "/mcp/messages", "legacy_sse_path": clash})
         assert "legacy_sse_path" in str(info.value)
+
+
+# -- the environment refuses mistakes (gateway/config_env.py) --------------------------------
+
+
+def env_problems(monkeypatch, variables: dict[str, str], path=None) -> dict[str, str]:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    return dict(info.value.problems)
+
+
+@pytest.mark.parametrize(("variable", "words"), [
+    ("MCP_GATEWAY_CAHCE__STORE", "no 'cahce'"),
+    ("MCP_GATEWAY_SERVER__PROT", "no 'prot' under server"),
+    ("MCP_GATEWAY_CACHE__REDIS_URL__HOST", "no 'host' under cache.redis_url"),
+    ("MCP_GATEWAY_SERVER___PORT", "no '_port' under server"),
+    ("MCP_GATEWAY_BACKENDS__TIMEOUT_SECONDS", "MCP_GATEWAY_BACKENDS__<index>__<KEY>"),
+    ("MCP_GATEWAY_BACKENDS__0__TIMEOUT", "no 'timeout' under backends.0"),
+])
+def test_an_unknown_variable_is_an_error_that_names_it(monkeypatch, variable, words):
+    found = env_problems(monkeypatch, {variable: "1"})
+    assert variable in found, found
+    assert words in found[variable]
+
+
+def test_known_variables_pass(monkeypatch):
+    monkeypatch.setenv("MCP_GATEWAY_SERVER__OPS_PORT", "9090")
+    monkeypatch.setenv("MCP_GATEWAY_CONFIG", "/not/read/by/load_settings")
+    assert load_settings(None).server.ops_port == 9090
+
+
+def test_a_per_key_backend_override_changes_that_backend_only(tmp_path, monkeypatch):
+    config = tmp_path / "g.yaml"
+    config.write_text("backends:\n  - {name: a, url: 'http://h/mcp'}\n  - {name: b, url: 'http://g/mcp'}\n")
+    monkeypatch.setenv("MCP_GATEWAY_BACKENDS__1__TIMEOUT_SECONDS", "5")
+    monkeypatch.setenv("MCP_GATEWAY_BACKENDS__1__HEADERS", '{"x-api-key": "k"}')
+    monkeypatch.setenv("MCP_GATEWAY_BACKENDS__0__HEADERS__X-TENANT", "t1")
+    settings = load_settings(config)
+    assert [b.name for b in settings.backends] == ["a", "b"]  # the file's list stands
+    assert settings.backends[1].timeout_seconds == 5.0 and settings.backends[0].timeout_seconds == 60.0
+    assert settings.backends[1].headers == {"x-api-key": "k"}
+    assert settings.backends[0].headers == {"x-tenant": "t1"}
+
+
+def test_a_per_key_override_of_a_backend_the_file_lacks_says_which_form_to_use(tmp_path, monkeypatch):
+    config = tmp_path / "g.yaml"
+    config.write_text("backends:\n  - {name: a, url: 'http://h/mcp'}\n")
+    found = env_problems(monkeypatch, {"MCP_GATEWAY_BACKENDS__3__TIMEOUT_SECONDS": "5"}, config)
+    message = found["MCP_GATEWAY_BACKENDS__3__TIMEOUT_SECONDS"]
+    assert "no backends.3" in message and "MCP_GATEWAY_BACKENDS as JSON" in message
+
+
+def test_a_bad_per_key_value_is_reported_at_the_backend_field(tmp_path, monkeypatch):
+    config = tmp_path / "g.yaml"
+    config.write_text("backends:\n  - {name: a, url: 'http://h/mcp'}\n")
+    monkeypatch.setenv("MCP_GATEWAY_BACKENDS__0__TIMEOUT_SECONDS", "-1")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    assert "backends.0.timeout_seconds" in dict(info.value.problems)
+
+
+def test_an_empty_backend_list_from_the_environment_is_an_error(monkeypatch):
+    found = env_problems(monkeypatch, {"MCP_GATEWAY_BACKENDS": "[]"})
+    assert "backends" in found
+
+
+def test_an_absent_backends_section_is_the_demo(monkeypatch):
+    assert load_settings(None).backends == ()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("any", "any"), ("all", "all"), ("none", "none"), ("2", 2)])
+def test_readiness_requirement_from_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv("MCP_GATEWAY_SERVER__READINESS", value)
+    assert load_settings(None).server.readiness == expected
