@@ -239,6 +239,30 @@ def cmd_cache_flush(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Exit 0 when this configuration's /healthz (on the ops listener when there is one)
+    answers 200: the image's HEALTHCHECK, and compose's, without a port written twice."""
+    import urllib.error
+    import urllib.request
+
+    settings = _load_or_print_problems(args.config)
+    if settings is None:
+        return 1
+    server = settings.server
+    host = (server.ops_host or server.host) if server.ops_port is not None else server.host
+    port = server.ops_port if server.ops_port is not None else server.port
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1" if host != "::" else "::1"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}{args.path}"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310 - our own loopback URL
+            ok = response.status == 200
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"healthcheck: {url}: {exc}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1
+
+
 def cmd_demo_backend(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -279,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
     p.add_argument("--backend", help="only this backend's entries")
     p.set_defaults(func=cmd_cache_flush)
+
+    p = sub.add_parser("healthcheck", help="exit 0 when the running gateway's /healthz answers 200")
+    p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
+    p.add_argument("--path", default="/healthz", help="/healthz (default) or /readyz")
+    p.add_argument("--timeout", type=float, default=2.0)
+    p.set_defaults(func=cmd_healthcheck)
 
     p = sub.add_parser("demo-backend", help="run the bundled demo MCP backend on its own")
     p.add_argument("--host", default="127.0.0.1")
