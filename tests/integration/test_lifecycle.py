@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.support import mcp_http
+from tests.support.legacy_venv import legacy_server
 from tests.support.listen import ListenReader, eventually
 from tests.support.procs import Proc, free_port, gateway_process
 from tests.support.scripted import Scripted
@@ -33,6 +34,13 @@ UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 def backend() -> Iterator[Scripted]:
     with Scripted("life") as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def legacy_backend() -> Iterator[Proc]:
+    server = legacy_server(name="life-legacy").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -187,10 +195,11 @@ async def sse_stream(client: httpx.AsyncClient, base: str) -> dict[str, Any]:
     return state
 
 
-async def test_sigterm_drains_without_losing_a_call_or_cutting_a_stream(backend, tmp_path):
+async def test_sigterm_drains_without_losing_a_call_or_cutting_a_stream(backend, legacy_backend, tmp_path):
     drain, grace = 1.5, 12.0
     gw, ops = start_gateway(tmp_path, {
-        "backends": [{"name": "life", "url": backend.url}],
+        "backends": [{"name": "life", "url": backend.url},
+                     {"name": "old", "url": legacy_backend.url, "era": "legacy", "prefix": "old."}],
         "server": {"drain_delay_seconds": drain, "graceful_shutdown_seconds": grace}},
         MCP_GATEWAY_SERVER__DRAIN_DELAY_SECONDS=str(drain))
     url, base = f"http://127.0.0.1:{gw.port}/mcp", f"http://127.0.0.1:{gw.port}"
@@ -203,8 +212,11 @@ async def test_sigterm_drains_without_losing_a_call_or_cutting_a_stream(backend,
             legacy = [await legacy_get_stream(client, url) for _ in range(20)]
             sse = [await sse_stream(client, base) for _ in range(5)]
             calls = [asyncio.ensure_future(mcp_http.post(
-                client, url, "tools/call", {"name": "slow", "arguments": {"seconds": 3}}, id=f"drain-{i}"))
+                client, url, "tools/call", {"name": "life__slow", "arguments": {"seconds": 3}}, id=f"drain-{i}"))
                 for i in range(50)]
+            # A session with the initialize-era backend, which the stop must end (DELETE).
+            old = await mcp_http.post(client, url, "tools/call", {"name": "old.echo", "arguments": {"text": "x"}})
+            assert old.status_code == 200, old.text
 
             async def all_held() -> bool:
                 held = {c["id"] for c in await backend.calls("tools/call")}
@@ -218,7 +230,7 @@ async def test_sigterm_drains_without_losing_a_call_or_cutting_a_stream(backend,
                 pass
             assert time.monotonic() - signalled < 0.1
             # ... while the listener keeps accepting for the drain delay.
-            late = await mcp_http.post(client, url, "tools/call", {"name": "echo", "arguments": {"text": "late"}})
+            late = await mcp_http.post(client, url, "tools/call", {"name": "life__echo", "arguments": {"text": "late"}})
             assert late.status_code == 200 and time.monotonic() - signalled < drain
             # Every call in flight gets its whole result.
             for answer in await asyncio.gather(*calls):
@@ -236,6 +248,9 @@ async def test_sigterm_drains_without_losing_a_call_or_cutting_a_stream(backend,
             rc = await asyncio.to_thread(gw.proc.wait, drain + grace)
             assert rc == 0
             assert time.monotonic() - signalled < drain + grace
+            # The legacy backend's session was closed, not abandoned.
+            seen = (await client.get(f"http://127.0.0.1:{legacy_backend.port}/requests")).json()
+            assert seen.get("DELETE", 0) >= 1, seen
     finally:
         gw.stop()
     assert "Traceback" not in gw.output()
