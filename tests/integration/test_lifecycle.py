@@ -283,3 +283,25 @@ async def test_sighup_loses_no_call_and_the_gateway_keeps_serving(backend, tmp_p
     finally:
         gw.stop()
     assert "SIGHUP" in gw.output()
+
+
+async def test_in_demo_mode_the_gateway_drains_before_its_demo_backend(tmp_path):
+    # No backends: the embedded demo backend, in the same process. A call in flight on SIGTERM
+    # needs it until the gateway's drain is over.
+    config = tmp_path / "demo.yaml"
+    config.write_text(yaml.safe_dump({"server": {"drain_delay_seconds": 0.3}}))
+    gw = gateway_process(config, env={"MCP_GATEWAY_SERVER__DRAIN_DELAY_SECONDS": "0.3"}).start()
+    assert gw.proc is not None
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            url = f"http://127.0.0.1:{gw.port}/mcp"
+            call = asyncio.ensure_future(mcp_http.post(client, url, "tools/call",
+                                                       {"name": "countdown", "arguments": {"n": 10}}))
+            await asyncio.sleep(0.5)  # 2 s of countdown under way
+            os.kill(gw.proc.pid, signal.SIGTERM)
+            answer = await call
+            assert answer.status_code == 200, answer.text
+            assert mcp_http.sse_messages(answer.text)[-1]["result"]["content"][0]["text"] == "liftoff"
+            assert await asyncio.to_thread(gw.proc.wait, 20) == 0
+    finally:
+        gw.stop()
