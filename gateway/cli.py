@@ -79,13 +79,20 @@ class _StartupRefused(Exception):
         self.problems = problems
 
 
+def _bind_or_refuse(field: str, host: str, port: int) -> socket.socket:
+    try:
+        return _bind(host, port)
+    except OSError as exc:
+        raise _StartupRefused([(field, f"cannot listen on {host}:{port}: {exc.strerror or exc}")]) from None
+
+
 async def _serve(settings: GatewaySettings) -> None:
     import uvicorn
 
     from gateway.app import build_app
     from gateway.demo.backend import demo_app
     from gateway.lifecycle import Lifecycle, Listener, run_until_stopped
-    from gateway.preflight import _problems
+    from gateway.preflight import find_problems
 
     server_settings = settings.server
     demo_server = None
@@ -103,12 +110,13 @@ async def _serve(settings: GatewaySettings) -> None:
         app = build_app(settings)
     except Exception:
         # The field-named problems check-config would print, not a traceback.
-        raise _StartupRefused(await _problems(settings) or [("<start-up>", "building the gateway failed")]) from None
+        raise _StartupRefused(await find_problems(settings) or [("<start-up>", "building the gateway failed")]) from None
     # Bind before anything starts: a port in use is a clear error, not a half-started process.
-    mcp_sock = _bind(server_settings.host, server_settings.port)
+    mcp_sock = _bind_or_refuse("server.port", server_settings.host, server_settings.port)
     ops_sock = None
     if server_settings.ops_port is not None:
-        ops_sock = _bind(server_settings.ops_host or server_settings.host, server_settings.ops_port)
+        ops_sock = _bind_or_refuse("server.ops_port", server_settings.ops_host or server_settings.host,
+                                   server_settings.ops_port)
     demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock])) if demo_server is not None else None
 
     class GatewayServer(Listener):

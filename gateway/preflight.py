@@ -31,7 +31,8 @@ async def _release(thing: Any) -> None:
             await closer()
 
 
-async def _problems(settings: GatewaySettings) -> list[tuple[str, str]]:
+async def find_problems(settings: GatewaySettings) -> list[tuple[str, str]]:
+    """`startup_problems`, inside a running event loop (serve's)."""
     from gateway.app import build_app
     from gateway.backends import create_backend
     from gateway.cache.factory import build_cache
@@ -71,4 +72,4 @@ async def _problems(settings: GatewaySettings) -> list[tuple[str, str]]:
 def startup_problems(settings: GatewaySettings) -> list[tuple[str, str]]:
     """(field path, message) for every part of the gateway that cannot be built from
     `settings`; [] when serve would start."""
-    return asyncio.run(_problems(settings))
+    return asyncio.run(find_problems(settings))

@@ -111,3 +111,18 @@ def test_check_config_names_an_unknown_environment_variable(tmp_path):
                             text=True, cwd=ROOT, timeout=60, env={**env, "MCP_GATEWAY_CAHCE__STORE": "redis"})
     assert result.returncode == 1
     assert "MCP_GATEWAY_CAHCE__STORE: is not a setting" in result.stderr
+
+
+def test_serve_on_a_port_in_use_names_the_setting(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "ops.yaml"
+        config.write_text(f"server:\n  ops_port: {port}\n")
+        served = run("serve", "--config", str(config), "--port", "0", timeout=30)
+    assert served.returncode == 2
+    assert f"server.ops_port: cannot listen on 127.0.0.1:{port}" in served.stderr
+    assert "Traceback" not in served.stderr
