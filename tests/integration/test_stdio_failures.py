@@ -51,6 +51,7 @@ def _text(response: httpx.Response) -> str:
 
 async def test_a_command_that_cannot_start_is_reported_and_spares_the_fleet(caplog: pytest.LogCaptureFixture):
     caplog.set_level(logging.ERROR, logger="gateway.backends.stdio")
+    caplog.set_level(logging.WARNING, logger="gateway.readiness")
     settings = {"backends": [
         {"name": "broken", "command": ["/nonexistent/mcp-server"], "connect_timeout_seconds": 0.5},
         _backend("ok"),
