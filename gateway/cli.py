@@ -110,14 +110,17 @@ async def _serve(settings: GatewaySettings) -> None:
         app = build_app(settings)
     except Exception:
         # The field-named problems check-config would print, not a traceback.
-        raise _StartupRefused(await find_problems(settings) or [("<start-up>", "building the gateway failed")]) from None
+        problems = await find_problems(settings)
+        raise _StartupRefused(problems or [("<start-up>", "building the gateway failed")]) from None
     # Bind before anything starts: a port in use is a clear error, not a half-started process.
     mcp_sock = _bind_or_refuse("server.port", server_settings.host, server_settings.port)
     ops_sock = None
     if server_settings.ops_port is not None:
         ops_sock = _bind_or_refuse("server.ops_port", server_settings.ops_host or server_settings.host,
                                    server_settings.ops_port)
-    demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock])) if demo_server is not None else None
+    demo_task = None
+    if demo_server is not None:
+        demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock]))
 
     class GatewayServer(Listener):
         async def startup(self, sockets: Any = None) -> None:
@@ -148,11 +151,12 @@ async def _serve(settings: GatewaySettings) -> None:
     lifecycle = Lifecycle(app.runtime.readiness, drain_delay_seconds=server_settings.drain_delay_seconds)
 
     def started() -> None:
-        ops_line = "" if ops_sock is None else (
-            f"; operations (/healthz, /readyz, /metrics) on http://{server_settings.ops_host or server_settings.host}"
-            f":{ops_sock.getsockname()[1]}")
-        print(f"mcp-gateway {__version__} listening on http://{server_settings.host}:{mcp_sock.getsockname()[1]}"
-              f"{server_settings.path} with {len(settings.backends)} backend(s): "
+        ops_line = ""
+        if ops_sock is not None:
+            ops_host = server_settings.ops_host or server_settings.host
+            ops_line = f"; operations (/healthz, /readyz, /metrics) on http://{ops_host}:{ops_sock.getsockname()[1]}"
+        mcp_url = f"http://{server_settings.host}:{mcp_sock.getsockname()[1]}{server_settings.path}"
+        print(f"mcp-gateway {__version__} listening on {mcp_url} with {len(settings.backends)} backend(s): "
               f"{', '.join(b.name for b in settings.backends)}{ops_line}", flush=True)
 
     try:
