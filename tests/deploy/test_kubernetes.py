@@ -363,3 +363,5 @@ def test_the_rendered_pod_runs_and_answers_its_probes(rendered, overlay, tmp_pat
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
+    # tini passes the exit status through: each stopped cleanly.
+    assert [proc.returncode for proc in procs] == [0] * len(procs)
