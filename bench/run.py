@@ -1085,6 +1085,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGHUP, _raise_exit)
     lock = take_lock(a.lock_timeout)   # held until the process exits  # noqa: F841
+    # No load balancer in front of the targets: their SIGTERM should stop them at once, not
+    # keep accepting for a drain delay (trees without the setting ignore the variable).
+    os.environ.setdefault("MCP_GATEWAY_SERVER__DRAIN_DELAY_SECONDS", "0")
     ensure_tool("wrk", "wrk")
     ensure_tool("nginx", "nginx")
     info = machine()

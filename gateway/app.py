@@ -39,8 +39,9 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.app")
 
 
-# Served beside the MCP endpoint; open even when auth.mode is jwt (k8s probes carry no token).
-OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics")
+# Served beside the MCP endpoint unless server.ops_port moves them to a listener of their own;
+# open even when auth.mode is jwt (k8s probes carry no token).
+OPERATIONAL_PATHS = ops.PATHS
 
 
 def pipeline(settings: GatewaySettings) -> list[Middleware]:
@@ -54,7 +55,8 @@ def pipeline(settings: GatewaySettings) -> list[Middleware]:
     if settings.auth.mode == "jwt":
         # Probes and OAuth discovery carry no token: those paths stay open, every other path
         # (the MCP endpoint, and any route added later) needs one (docs/auth.md).
-        open_paths = (*OPERATIONAL_PATHS, *metadata_paths(settings.auth, server.path))
+        ops_here = OPERATIONAL_PATHS if server.ops_port is None else ()
+        open_paths = (*ops_here, *metadata_paths(settings.auth, server.path))
         steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths, mcp_path=server.path))
     else:
         steps.append(Middleware(NoAuth))
@@ -104,12 +106,11 @@ class GatewayApp:
             keepalive_seconds=settings.server.keepalive_seconds,
             legacy_clients=self.legacy_clients,
         )
-        self.routes: dict[str, asgi.ASGIApp] = {
-            settings.server.path: endpoint,
-            "/healthz": ops.healthz,
-            "/readyz": ops.Readyz(self.runtime),
-            "/metrics": ops.metrics,
-        }
+        self.routes: dict[str, asgi.ASGIApp] = {settings.server.path: endpoint}
+        # With an operations listener the probes and metrics live there only (`ops_app`).
+        self.ops_app = ops.OpsApp(self.runtime.readiness)
+        if server.ops_port is None:
+            self.routes.update(self.ops_app.routes)
         # HTTP+SSE clients (2024-11-05) on their own two paths, served by the same legacy
         # sessions, behind the same pipeline (host, origin, auth, limits).
         self.sse_front: SseFront | None = None
@@ -125,9 +126,13 @@ class GatewayApp:
         self.app = wrap(self._route, pipeline(settings))
 
     async def begin_shutdown(self) -> None:
-        """The server stopped accepting: long-lived streams end now, so the drain can finish."""
+        """The server stops accepting: long-lived streams end now, cleanly, so the drain can
+        finish instead of being held (and then cut) until the deadline: /sse streams,
+        initialize-era GET streams, and modern listens (their graceful-closure result)."""
         if self.sse_front is not None:
             self.sse_front.close_all()
+        if self.legacy_clients is not None:
+            self.legacy_clients.end_streams()
         await self.runtime.begin_shutdown()
 
     async def _route(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:

@@ -14,6 +14,7 @@ from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
 from gateway.protocol import jsonrpc as rpc
+from gateway.readiness import BackendStates, ReadinessChecks
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
 from gateway.subscriptions import build_hub
@@ -38,6 +39,10 @@ class Runtime:
         self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
         self._discovery: asyncio.Task[None] | None = None
         self.shutting_down = False
+        # What /readyz reads: kept by background checks, never probed on the request.
+        self.readiness = BackendStates((b.name for b in self.backends), settings.server.readiness)
+        self.readiness_checks = ReadinessChecks(self.readiness, self.backends,
+                                                settings.server.readiness_interval_seconds)
 
     async def start(self) -> None:
         await asyncio.gather(*(b.start() for b in self.backends))
@@ -46,6 +51,8 @@ class Runtime:
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
+        # Their first round joins that discovery (Backend.discover runs one at a time).
+        self.readiness_checks.start()
 
     async def discover_all(self, timeout: float = 10.0) -> None:
         async def one(backend: Backend) -> None:
@@ -71,24 +78,9 @@ class Runtime:
         await self.hub.begin_shutdown()
 
     async def aclose(self) -> None:
+        await self.readiness_checks.aclose()
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
         await self.hub.aclose()
         await self.cache.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
-
-    async def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when at least one backend answers discovery (a fleet keeps serving with some
-        backends down; a sidecar's single backend decides alone)."""
-        report: dict[str, Any] = {}
-
-        async def probe(backend: Backend) -> None:
-            try:
-                await asyncio.wait_for(backend.discover(max_age=10.0), 2.0)
-                report[backend.name] = "ok"
-            except (rpc.McpError, TimeoutError) as exc:
-                report[backend.name] = getattr(exc, "message", None) or "timeout"
-
-        await asyncio.gather(*(probe(b) for b in self.backends))
-        ready = not self.shutting_down and any(v == "ok" for v in report.values())
-        return ready, report

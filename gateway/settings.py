@@ -22,10 +22,27 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from gateway import config_env
 
 ENV_PREFIX = "MCP_GATEWAY_"
 CONFIG_ENV = "MCP_GATEWAY_CONFIG"
+
+
+class FieldError(ValueError):
+    """A cross-field rule broken at `field` (a dotted path below the model that checks it), so
+    that the error names the field to fix, not just the section."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _Frozen(BaseModel):
@@ -65,6 +82,31 @@ class ServerSettings(_Frozen):
     # stream, messages are POSTed to "<this>/messages" (docs/legacy-clients.md). None: off.
     # Needs legacy_clients.
     legacy_sse_path: str | None = "/sse"
+    # -- operations and lifecycle (docs/deploy.md) --
+    # The operations listener: when set, /healthz, /readyz and /metrics are served on this
+    # port only, without the Host, Origin and authentication checks of the MCP listener (the
+    # kubelet and Prometheus send `Host: <pod IP>`), and the MCP listener no longer serves them.
+    ops_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    # Its address; None: the same as `host`.
+    ops_host: str | None = None
+    # What /readyz requires of the backends, as last seen by the background checks: "any" (at
+    # least one answers: one sick backend never takes a fleet out of its Service), "all" (a
+    # sidecar's own server), "none" (the process alone), or a number N (at least N answer).
+    readiness: Literal["any", "all", "none"] | int = "any"
+    # How often each backend's background check refreshes its discovery (and so its state).
+    readiness_interval_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # On SIGTERM /readyz turns 503 at once and the listener keeps accepting this long, so that
+    # load balancers stop sending first; then the graceful shutdown begins. SIGINT skips it.
+    drain_delay_seconds: Annotated[float, Field(ge=0)] = 5.0
+
+    @field_validator("readiness", mode="before")
+    @classmethod
+    def _readiness(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)  # from the environment
+        if v in ("any", "all", "none") or (type(v) is int and v >= 1):
+            return v
+        raise ValueError(f"{v!r}: must be 'any', 'all', 'none' or a number of backends (>= 1)")
 
     @field_validator("path", "legacy_sse_path")
     @classmethod
@@ -79,7 +121,12 @@ class ServerSettings(_Frozen):
     def _distinct_paths(self) -> ServerSettings:
         sse = self.legacy_sse_path
         if sse is not None and self.path in (sse, f"{sse.rstrip('/')}/messages"):
-            raise ValueError(f"legacy_sse_path {sse!r} and its /messages must differ from path {self.path!r}")
+            raise FieldError("legacy_sse_path",
+                             f"legacy_sse_path {sse!r} and its /messages must differ from path {self.path!r}")
+        if self.ops_port is not None and self.ops_port == self.port and self.port != 0 and (
+                self.ops_host or self.host) == self.host:
+            raise FieldError("ops_port", f"ops_port {self.ops_port} is the MCP port: the operations listener "
+                                         "needs a port of its own (or leave ops_port unset)")
         return self
 
     @field_validator("allowed_origins")
@@ -178,11 +225,12 @@ class BackendSettings(_Frozen):
     @model_validator(mode="after")
     def _one_transport(self) -> BackendSettings:
         if (self.url is None) == (self.command is None):
-            raise ValueError("set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
+            raise FieldError("url", "set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
         if self.transport != "auto" and self.url is None:
-            raise ValueError("'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
+            raise FieldError("transport", "'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
         if self.transport == "sse" and self.era == "modern":
-            raise ValueError("transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: era must be 'legacy' or 'auto'")
+            raise FieldError("era", "transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: "
+                                    "era must be 'legacy' or 'auto'")
         return self
 
 
@@ -244,12 +292,12 @@ class CacheSettings(_Frozen):
     @model_validator(mode="after")
     def _bounds(self) -> CacheSettings:
         if self.min_ttl_ms > self.max_ttl_ms:
-            raise ValueError(f"min_ttl_ms ({self.min_ttl_ms}) is above max_ttl_ms ({self.max_ttl_ms})")
+            raise FieldError("min_ttl_ms", f"min_ttl_ms ({self.min_ttl_ms}) is above max_ttl_ms ({self.max_ttl_ms})")
         for i, rule in enumerate(self.rules):
             low = rule.min_ttl_ms if rule.min_ttl_ms is not None else self.min_ttl_ms
             high = rule.max_ttl_ms if rule.max_ttl_ms is not None else self.max_ttl_ms
             if low > high:
-                raise ValueError(f"rules.{i}: min_ttl_ms ({low}) is above max_ttl_ms ({high})")
+                raise FieldError(f"rules.{i}.min_ttl_ms", f"min_ttl_ms ({low}) is above max_ttl_ms ({high})")
         return self
 
 
@@ -367,22 +415,35 @@ class GatewaySettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init kwargs; the environment overrides it, key by key.
-        return (env_settings, init_settings)
+        # Per-backend keys (MCP_GATEWAY_BACKENDS__0__...) are applied to the file's list by
+        # load_settings (config_env), not read as a section of their own here.
+        return (_EnvWithoutBackendKeys(settings_cls), init_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit_backends(cls, data: Any) -> Any:
+        # Only an absent section means "the demo backend": an explicit empty list is a
+        # mistake (a templated list that rendered empty), not a request for demo tools.
+        if isinstance(data, dict) and "backends" in data and data["backends"] in ([], ()):
+            raise FieldError("backends", "is empty: declare at least one backend, or remove the section "
+                                         "(or set demo: true) to serve the bundled demo backend")
+        return data
 
     @model_validator(mode="after")
     def _fleet(self) -> GatewaySettings:
         names = [b.name for b in self.backends]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"backend names must be unique; repeated: {', '.join(dupes)}")
+            at = next(i for i, n in enumerate(names) if n in dupes and names.index(n) != i)
+            raise FieldError(f"backends.{at}.name", f"backend names must be unique; repeated: {', '.join(dupes)}")
         for i, rule in enumerate(self.cache.rules):
             if rule.backend is not None and rule.backend not in names:
-                raise ValueError(f"cache.rules.{i}.backend: no backend is named {rule.backend!r}")
+                raise FieldError(f"cache.rules.{i}.backend", f"no backend is named {rule.backend!r}")
         prefixes = [self.prefix_of(b) for b in self.backends]
         for i, p in enumerate(prefixes):
             for j, q in enumerate(prefixes):
                 if i < j and (p.startswith(q) or q.startswith(p)) and len(self.backends) > 1:
-                    raise ValueError(
+                    raise FieldError(f"backends.{j}.prefix", 
                         f"backends {self.backends[i].name!r} and {self.backends[j].name!r} have overlapping name "
                         f"prefixes {p!r} and {q!r}: a tool name could not be routed unambiguously"
                     )
@@ -392,6 +453,13 @@ class GatewaySettings(BaseSettings):
         if backend.prefix is not None:
             return backend.prefix
         return "" if len(self.backends) == 1 else f"{backend.name}__"
+
+
+class _EnvWithoutBackendKeys(EnvSettingsSource):
+    def _load_env_vars(self) -> Any:
+        loaded = super()._load_env_vars()
+        skip = {name.lower() for name in config_env.backend_overrides(os.environ)}
+        return {k: v for k, v in loaded.items() if k.lower() not in skip}
 
 
 class ConfigError(Exception):
@@ -418,15 +486,30 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             raise ConfigError([("<file>", f"{path} must hold a mapping at the top level")])
         data = loaded
     data.update(overrides)
+    environ = os.environ
+    problems = config_env.check(environ, GatewaySettings) or config_env.apply_backend_overrides(
+        data, environ, BackendSettings)
+    if problems:
+        raise ConfigError(problems)
     try:
         return GatewaySettings(**data)
     except ValidationError as exc:
-        raise ConfigError(
-            [(".".join(str(p) for p in err["loc"]) or "<root>", err["msg"]) for err in exc.errors()]
-        ) from None
+        raise ConfigError([_located(err) for err in exc.errors()]) from None
     except SettingsError as exc:
         # An environment variable that names a whole section (MCP_GATEWAY_CACHE=...) must
         # hold JSON; say which one instead of a traceback.
         raise ConfigError([("<environment>", f"{exc} (variables named {ENV_PREFIX}<SECTION> must hold a "
                                               f"JSON object; set single keys as {ENV_PREFIX}<SECTION>__<KEY>)")]
                           ) from None
+
+
+def _located(err: Any) -> tuple[str, str]:
+    """(field path, message) of one validation error; a FieldError names its own field below
+    the model that raised it."""
+    loc = [str(p) for p in err["loc"]]
+    msg = err["msg"]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        loc += cause.field.split(".")
+        msg = str(cause)
+    return ".".join(loc) or "<root>", msg

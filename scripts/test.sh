@@ -9,6 +9,8 @@
 #   - redis-server (Debian package, through apt-get; the tests start their own on free ports)
 #   - the mcp==1.30.0 virtualenv for legacy fixture servers (scripts/legacy-venv.sh)
 #   - Node 22 and the conformance suite (scripts/node22.sh, scripts/conformance.sh)
+#   - tini (Debian package: the image's PID 1, run by tests/deploy) and the deployment
+#     validators' venv (scripts/deploy-tools.sh); without them those tests skip, saying why
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,6 +47,17 @@ export MCPGW_LEGACY_PYTHON="$LEGACY_PYTHON_BIN"
 step "node 22 + conformance suite"
 NODE22_BIN="$(bash scripts/node22.sh)"
 export MCPGW_NODE22_BIN="$NODE22_BIN"
+
+step "deployment checks: tini + validators (tests/deploy skip without them)"
+if ! command -v tini >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tini) >&2 \
+        || echo "tini could not be installed: its tests will skip" >&2
+fi
+if DEPLOY_TOOLS_BIN="$(bash scripts/deploy-tools.sh)"; then
+    export MCPGW_DEPLOY_TOOLS_BIN="$DEPLOY_TOOLS_BIN"
+else
+    echo "the deployment validators could not be installed: their tests will skip" >&2
+fi
 
 step "pytest"
 exec "$venv/bin/python" -m pytest "$@"

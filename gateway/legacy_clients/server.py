@@ -78,9 +78,16 @@ class LegacyClients:
         self.keepalive_seconds = keepalive_seconds
         self.calls = LegacyCallRunner(dispatcher, input_timeout_seconds=input_timeout_seconds)
         self.notifications = SessionNotifications(dispatcher)
+        self.closing = False
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
+
+    def end_streams(self) -> None:
+        """Server shutdown: every standalone GET stream ends now, cleanly (a client reconnects
+        to another replica), and no new one opens; requests in flight finish as usual."""
+        self.closing = True
+        self.sessions.end_notification_streams()
 
     # -- the endpoint seam ----------------------------------------------------------------
 
@@ -238,6 +245,11 @@ class LegacyClients:
                 ),
                 _ALLOW,
             )
+            return
+        if self.closing:
+            await asgi.send_json(send, 503, rpc.error_message(
+                None, rpc.INTERNAL_ERROR, "This replica is shutting down: open the GET stream again"),
+                [(b"retry-after", b"1")])
             return
         stream = session.notification_stream()
         if stream.readers:

@@ -332,6 +332,11 @@ class SessionStore:
         for session in [s for s in self._sessions.values() if self._expired(s)]:
             await self.end(session)
 
+    def end_notification_streams(self) -> None:
+        for session in self._sessions.values():
+            if session.notifications is not None:
+                session.notifications.finish()
+
     async def aclose(self) -> None:
         sessions = list(self._sessions.values())
         self._sessions.clear()
