@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from gateway import config_env
+from gateway.secret import Secret
 
 ENV_PREFIX = "MCP_GATEWAY_"
 CONFIG_ENV = "MCP_GATEWAY_CONFIG"
@@ -147,6 +148,122 @@ class ServerSettings(_Frozen):
             return False
 
 
+def _header_name(name: str) -> str:
+    name = name.strip().lower()
+    if not name or any(c in name for c in " :\r\n\t"):
+        raise ValueError(f"{name!r} is not an HTTP header name")
+    return name
+
+
+class HeadersAuth(_Frozen):
+    """Static headers, each a secret (an API key, a fixed bearer token)."""
+
+    type: Literal["headers"]
+    headers: Annotated[dict[str, Secret], Field(min_length=1)]
+
+    @field_validator("headers")
+    @classmethod
+    def _names(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        return {_header_name(name): value for name, value in v.items()}
+
+
+class _TokenEndpoint(_Frozen):
+    # The authorization server's token endpoint (RFC 6749 §3.2).
+    token_url: str
+    # RFC 8707 resource indicator(s) and audience of the token asked for; the scope asked for.
+    resource: str | None = None
+    audience: str | None = None
+    scope: str | None = None
+    # How the client authenticates at the token endpoint: HTTP Basic (RFC 6749 §2.3.1, the
+    # default every server supports) or the two form fields.
+    client_auth: Literal["basic", "post"] = "basic"
+    timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # A token is refreshed this long before its expires_in runs out (in the background while
+    # the old one still serves); a token without expires_in is kept this long at most.
+    refresh_before_seconds: Annotated[float, Field(ge=0)] = 60.0
+    default_lifetime_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+    @field_validator("token_url")
+    @classmethod
+    def _token_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+
+class ClientCredentialsAuth(_TokenEndpoint):
+    """OAuth 2.0 client credentials (RFC 6749 §4.4): one token for the gateway itself."""
+
+    type: Literal["oauth_client_credentials"]
+    client_id: str
+    client_secret: Secret
+
+
+class ActorCredentials(_Frozen):
+    """The gateway's own client credentials, whose token is the RFC 8693 actor_token."""
+
+    token_url: str | None = None  # None: the exchange's token_url
+    client_id: str
+    client_secret: Secret
+    scope: str | None = None
+    audience: str | None = None
+    resource: str | None = None
+
+
+class TokenExchangeAuth(_TokenEndpoint):
+    """RFC 8693 token exchange: the caller's validated access token becomes a token for this
+    backend, per principal (needs auth.mode: jwt)."""
+
+    type: Literal["token_exchange"]
+    # The gateway's client at the token endpoint (most servers require one for exchange).
+    client_id: str | None = None
+    client_secret: Secret | None = None
+    requested_token_type: str = "urn:ietf:params:oauth:token-type:access_token"
+    actor: ActorCredentials | None = None
+    # Exchanged tokens kept per backend (one per principal), least recently used out.
+    max_cached_tokens: Annotated[int, Field(gt=0)] = 10_000
+
+    @model_validator(mode="after")
+    def _client(self) -> TokenExchangeAuth:
+        if (self.client_id is None) != (self.client_secret is None):
+            raise FieldError("client_secret", "client_id and client_secret go together")
+        return self
+
+
+BackendAuth = Annotated[HeadersAuth | ClientCredentialsAuth | TokenExchangeAuth, Field(discriminator="type")]
+
+
+class BackendTls(_Frozen):
+    """TLS toward an https backend, built once into an ssl.SSLContext (backends/tls.py)."""
+
+    # PEM bundle of the CAs to trust instead of the system's (a private CA).
+    ca_file: str | None = None
+    # Client certificate and key (PEM) for a backend that requires mTLS.
+    cert_file: str | None = None
+    key_file: str | None = None
+    # The name checked in the backend's certificate and sent as SNI, when not the URL's host.
+    server_name: str | None = None
+    # No certificate check at all; refused unless `allow_insecure_skip_verify` is set too.
+    insecure_skip_verify: bool = False
+    allow_insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BackendTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise FieldError("key_file" if self.key_file is None else "cert_file",
+                             "cert_file and key_file go together (the client certificate and its key)")
+        if self.insecure_skip_verify and not self.allow_insecure_skip_verify:
+            raise FieldError("insecure_skip_verify",
+                             "turns off every certificate check (anyone on the path can read and change the "
+                             "traffic); refused unless allow_insecure_skip_verify: true is set too")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise FieldError(name, f"{path} is not a readable file")
+        return self
+
+
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
@@ -168,9 +285,14 @@ class BackendSettings(_Frozen):
     # URI prefixes (or "scheme:") routed to this backend for resources/read, in addition to
     # the URIs it lists.
     resource_prefixes: tuple[str, ...] = ()
-    # Static headers sent upstream (a backend API key, say). The client's own credentials are
-    # never forwarded (spec: no token passthrough).
-    headers: dict[str, str] = Field(default_factory=dict)
+    # Static headers sent upstream, each a secret (an API key, say): the compatible form of
+    # `auth: {type: headers}`, sent with whatever `auth` adds. The client's own credentials
+    # are never forwarded (spec: no token passthrough).
+    headers: dict[str, Secret] = Field(default_factory=dict)
+    # -- who the gateway is toward this backend (docs/auth.md "Credentials for backends") --
+    auth: BackendAuth | None = None
+    # TLS toward an https backend: private CA, client certificate (mTLS), SNI override.
+    tls: BackendTls | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Deadline for this backend's share of an aggregated list; a late backend is left out.
@@ -222,8 +344,23 @@ class BackendSettings(_Frozen):
             raise ValueError("must be a non-empty list: [program, arg, ...]")
         return v
 
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        return {_header_name(name): value for name, value in v.items()}
+
     @model_validator(mode="after")
     def _one_transport(self) -> BackendSettings:
+        if isinstance(self.auth, HeadersAuth):
+            both = sorted(set(self.headers) & set(self.auth.headers))
+            if both:
+                raise FieldError("auth.headers", f"{', '.join(both)} also set in backends[].headers: set each "
+                                                 "header in one place")
+        if self.auth is not None and self.auth.type != "headers" and "authorization" in self.headers:
+            raise FieldError("headers", f"authorization is set by auth ({self.auth.type}): remove it from headers")
+        if (self.tls is not None or self.auth is not None) and self.url is None:
+            raise FieldError("tls" if self.tls is not None else "auth",
+                             "applies to 'url' backends only (a 'command' backend gets `env`)")
         if (self.url is None) == (self.command is None):
             raise FieldError("url", "set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
         if self.transport != "auto" and self.url is None:
@@ -316,7 +453,7 @@ class AuthSettings(_Frozen):
     jwks_url: str | None = None
     public_key: str | None = None
     public_key_file: str | None = None
-    hs256_secret: SecretStr | None = None
+    hs256_secret: Secret | None = None
     # Accepted `alg` values. Default: RS256 and ES256 with jwks_url, the key's own algorithm
     # with a public key, HS256 with hs256_secret. Never "none".
     algorithms: tuple[str, ...] | None = None
@@ -350,7 +487,7 @@ class AuthSettings(_Frozen):
 class SecuritySettings(_Frozen):
     # Key for the HMAC that seals gateway-minted MRTR `requestState` (docs/legacy.md). Unset:
     # a random per-process key, which only works with a single replica.
-    secret: str | None = None
+    secret: Secret | None = None
     # This replica's own MCP endpoint as the other replicas reach it; an MRTR retry that lands
     # on another replica is forwarded here. Default: http://<server.host>:<server.port><path>.
     advertise_url: str | None = None
@@ -436,6 +573,10 @@ class GatewaySettings(BaseSettings):
         if dupes:
             at = next(i for i, n in enumerate(names) if n in dupes and names.index(n) != i)
             raise FieldError(f"backends.{at}.name", f"backend names must be unique; repeated: {', '.join(dupes)}")
+        for i, backend in enumerate(self.backends):
+            if isinstance(backend.auth, TokenExchangeAuth) and self.auth.mode != "jwt":
+                raise FieldError(f"backends.{i}.auth.type", "token_exchange exchanges the caller's validated access "
+                                                            "token: it needs auth.mode: jwt")
         for i, rule in enumerate(self.cache.rules):
             if rule.backend is not None and rule.backend not in names:
                 raise FieldError(f"cache.rules.{i}.backend", f"no backend is named {rule.backend!r}")

@@ -8,6 +8,7 @@ each JSON-RPC message as it arrives and closes the upstream response when the co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -15,7 +16,9 @@ import orjson
 
 from gateway.backends.base import Backend, Message, Reply
 from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, upstream_errors
-from gateway.backends.http1 import Http1Client, UpstreamResponse
+from gateway.backends import http1, tls
+from gateway.backends.credentials import credentials_for
+from gateway.backends.http1 import UpstreamResponse
 from gateway.observability import tracing
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -41,14 +44,16 @@ class ModernHttpBackend(Backend):
         super().__init__(settings)
         assert settings.url is not None
         self.url = settings.url
-        self._client = Http1Client(settings.name, max_connections=settings.max_connections,
-                                   connect_timeout=settings.connect_timeout_seconds,
-                                   max_response_bytes=settings.max_response_bytes)
-        # Built once; each call copies it and adds its own headers.
-        self._base_headers = {"content-type": "application/json", "accept": _ACCEPT, **settings.headers}
+        self._client = http1.for_backend(settings, tls.client_context(settings.tls))
+        self.credentials = credentials_for(settings)
+        self._dynamic_credentials = self.credentials.dynamic
+        # Built once; each call copies it and adds its own headers. Static credentials are
+        # part of it, so they cost nothing per call.
+        self._base_headers = {"content-type": "application/json", "accept": _ACCEPT, **self.credentials.static}
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self.credentials.aclose()
 
     def _headers(self, call: Call) -> dict[str, str]:
         headers = self._base_headers.copy()
@@ -81,11 +86,28 @@ class ModernHttpBackend(Backend):
             return reply
         raise AssertionError("unreachable")
 
-    async def _send_once(self, call: Call) -> Reply:
+    async def _send_once(self, call: Call, *, fresh_token: bool = False) -> Reply:
         # A listen stream is quiet for as long as nothing changes: no read deadline.
         read_timeout = None if call.stream_only else self.settings.timeout_seconds
-        response = await self._client.post(self.url, call.wire_body(), self._headers(call),
+        headers = self._headers(call)
+        authorization = None
+        if self._dynamic_credentials:
+            credentials = self.credentials
+            authorization = credentials.cached(call.principal) or await credentials.authorization(
+                call.principal, call.id)
+            if authorization is not None:
+                headers["authorization"] = authorization
+        response = await self._client.post(self.url, call.wire_body(), headers,
                                            read_timeout=read_timeout, request_id=call.id)
+        if response.status == 401 and authorization is not None and not fresh_token:
+            # The token was revoked or expired early: once more with a fresh one, then the
+            # backend's answer stands (a second 401 is the gateway's credentials refused).
+            with contextlib.suppress(*UPSTREAM_FAILURES):
+                await response.read()
+            response.release()
+            self.credentials.refused(call.principal, authorization)
+            log.info("backend %s answered 401: fetching a fresh token and retrying once", self.name)
+            return await self._send_once(call, fresh_token=True)
         if response.content_type == "text/event-stream" and response.status < 400:
             reply = Reply(self.name, response.status, stream=self._events(response, call))
             reply.closers.append(response.close)

@@ -36,7 +36,7 @@ class ReplicaContext:
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> ReplicaContext:
         secret = settings.security.secret
-        return cls(secret=secret.encode() if secret else _PROCESS_SECRET, owner=owner_url(settings),
+        return cls(secret=secret.get_secret_value().encode() if secret else _PROCESS_SECRET, owner=owner_url(settings),
                    problems=tuple(replica_problems(settings)))
 
     @classmethod
