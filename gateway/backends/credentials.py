@@ -32,7 +32,7 @@ from urllib.parse import quote
 import httpx
 
 from gateway.protocol import jsonrpc as rpc
-from gateway.protocol.principal import Principal
+from gateway.protocol.principal import AccessToken, Principal
 from gateway.settings import (ActorCredentials, BackendSettings, ClientCredentialsAuth, HeadersAuth,
                               TokenExchangeAuth)
 
@@ -139,7 +139,7 @@ class TokenSource:
         self._default_lifetime = default_lifetime
         self._clock = clock
         # A wall-clock bound no token of this source may outlive (the subject token's exp).
-        self._not_after = not_after
+        self.not_after = not_after
         self.header: str | None = None
         self._usable_until = 0.0
         self._refresh_at = 0.0
@@ -188,8 +188,8 @@ class TokenSource:
                 log.warning("token refresh failed (%s); the current token serves until it expires", exc)
             raise
         lifetime = expires_in if expires_in is not None else self._default_lifetime
-        if self._not_after is not None:
-            lifetime = min(lifetime, self._not_after - time.time())
+        if self.not_after is not None:
+            lifetime = min(lifetime, self.not_after - time.time())
         self.header = f"Bearer {token}"
         self._usable_until = started + lifetime - min(EXPIRY_SAFETY_SECONDS, lifetime / 10)
         self._refresh_at = started + max(lifetime - self._refresh_before, lifetime / 2)
@@ -345,6 +345,8 @@ class TokenExchange(BackendCredentials):
         self._sources: collections.OrderedDict[str, TokenSource] = collections.OrderedDict()
         # owner label (legacy sessions) -> the same TokenSource.
         self._by_owner: dict[str, TokenSource] = {}
+        # Principal.key -> the latest validated token it presented (the next subject_token).
+        self._subjects: dict[str, AccessToken] = {}
 
     def _actor_token_source(self, actor: ActorCredentials, auth: TokenExchangeAuth) -> TokenSource:
         self._actor_endpoint = endpoint = TokenEndpoint(
@@ -382,14 +384,22 @@ class TokenExchange(BackendCredentials):
                 status=401, data={"backend": self.backend}, request_id=request_id)
         source = self._source(principal)
         if source is None:
-            source = TokenSource(lambda: self._exchange(token.reveal()), refresh_before=self._auth.refresh_before_seconds,
+            subject = self._subjects[principal.key] = token
+            source = TokenSource(lambda: self._exchange(self._subjects[principal.key]),
+                                 refresh_before=self._auth.refresh_before_seconds,
                                  default_lifetime=self._auth.default_lifetime_seconds, clock=self.clock,
-                                 not_after=token.expires_at)
+                                 not_after=subject.expires_at)
             self._sources[principal.key] = source
             self._by_owner[self.owner(principal)] = source
             while len(self._sources) > self._auth.max_cached_tokens:
                 key, _ = self._sources.popitem(last=False)
                 self._by_owner.pop(_owner_label(key), None)
+                self._subjects.pop(key, None)
+        elif self._subjects.get(principal.key) is not token:
+            # The same principal with a newer token: the next exchange (when the cached one is
+            # due) uses it, and is bounded by its expiry.
+            self._subjects[principal.key] = token
+            source.not_after = token.expires_at
         try:
             return await source.get()
         except TokenRefused as exc:
@@ -402,6 +412,7 @@ class TokenExchange(BackendCredentials):
     def _forget(self, principal: Principal) -> None:
         self._sources.pop(principal.key, None)
         self._by_owner.pop(self.owner(principal), None)
+        self._subjects.pop(principal.key, None)
 
     def owner(self, principal: Principal) -> str:
         return _owner_label(principal.key) if principal.authenticated else ""
@@ -421,9 +432,9 @@ class TokenExchange(BackendCredentials):
         except TokenEndpointDown as exc:
             raise _down(self.backend, exc, request_id) from None
 
-    async def _exchange(self, subject_token: str) -> tuple[str, float | None]:
+    async def _exchange(self, subject: AccessToken) -> tuple[str, float | None]:
         auth = self._auth
-        form = {"grant_type": GRANT_TOKEN_EXCHANGE, "subject_token": subject_token,
+        form = {"grant_type": GRANT_TOKEN_EXCHANGE, "subject_token": subject.reveal(),
                 "subject_token_type": TOKEN_TYPE_ACCESS, "requested_token_type": auth.requested_token_type,
                 "audience": auth.audience, "resource": auth.resource, "scope": auth.scope}
         if self._actor_source is not None:
@@ -448,6 +459,7 @@ class TokenExchange(BackendCredentials):
             await self._actor_endpoint.aclose()
         self._sources.clear()
         self._by_owner.clear()
+        self._subjects.clear()
 
 
 def credentials_for(settings: BackendSettings, *, clock: Callable[[], float] = time.monotonic) -> BackendCredentials:
