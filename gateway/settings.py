@@ -50,6 +50,26 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class ServerTls(_Frozen):
+    """TLS on the MCP listener (docs/deploy.md "TLS"). The certificate is read again on
+    SIGHUP (`gateway/front_tls.py`): a renewed certificate needs no restart."""
+
+    cert_file: str
+    key_file: str
+    # Passphrase of an encrypted key_file.
+    key_password: Secret | None = None
+    # Require a client certificate issued by these CAs (mTLS). None: no client certificate asked.
+    client_ca_file: str | None = None
+
+    @model_validator(mode="after")
+    def _files(self) -> ServerTls:
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise FieldError(name, f"{path} is not a readable file")
+        return self
+
+
 class ServerSettings(_Frozen):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
@@ -99,6 +119,8 @@ class ServerSettings(_Frozen):
     # On SIGTERM /readyz turns 503 at once and the listener keeps accepting this long, so that
     # load balancers stop sending first; then the graceful shutdown begins. SIGINT skips it.
     drain_delay_seconds: Annotated[float, Field(ge=0)] = 5.0
+    # -- TLS on the MCP listener (the ops listener stays plain HTTP for probes) --
+    tls: ServerTls | None = None
 
     @field_validator("readiness", mode="before")
     @classmethod

@@ -97,9 +97,12 @@ async def serve(app: Any) -> AsyncIterator[ServedApp]:
 
 
 class ServedApp:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **uvicorn_options: Any) -> None:
+        """`uvicorn_options`: extra uvicorn.Config arguments (ssl_certfile, ssl_keyfile,
+        ssl_ca_certs, ssl_cert_reqs for a TLS or mTLS server)."""
         self.app = app
         self.port = 0
+        self.options = uvicorn_options
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -109,7 +112,7 @@ class ServedApp:
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         self._sock = sock
-        self._server = uvicorn.Server(uvicorn.Config(self.app, lifespan="off", log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(self.app, lifespan="off", log_level="warning", **self.options))
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._task.done():
@@ -126,7 +129,8 @@ class ServedApp:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.options.get("ssl_certfile") else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
 
 class JwksEndpoint:
