@@ -286,6 +286,52 @@ class BackendTls(_Frozen):
         return self
 
 
+# Request headers that `forward_headers` can never name, as source or target: credentials
+# (no token passthrough; spec: authorization §Token Passthrough), hop-by-hop headers (RFC 9110
+# §7.6.1), framing, and the headers the gateway itself sets or relays toward backends.
+NEVER_FORWARDED = frozenset({
+    "authorization", "proxy-authorization", "cookie", "set-cookie",
+    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+    "host", "content-length", "content-type", "content-encoding", "accept", "accept-encoding", "expect",
+    "mcp-protocol-version", "mcp-method", "mcp-name", "mcp-session-id", "last-event-id",
+    "traceparent", "tracestate", "baggage", "x-mcp-gateway-forwarded", "forwarded", "x-forwarded-for",
+})
+NEVER_FORWARDED_PREFIXES = ("mcp-param-", "x-mcp-gateway-")
+
+
+def _forwardable(name: str, role: str) -> str:
+    name = _header_name(name)
+    if name in NEVER_FORWARDED or name.startswith(NEVER_FORWARDED_PREFIXES):
+        why = ("a credential (the spec forbids token passthrough)" if name in (
+            "authorization", "proxy-authorization", "cookie", "set-cookie") else
+               "a hop-by-hop, framing or gateway-managed header")
+        raise ValueError(f"{name!r} can never be forwarded ({role}): it is {why}")
+    return name
+
+
+class ForwardedHeader(_Frozen):
+    """One client request header passed on to the backend, under `to` (default: its name)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    from_: Annotated[str, Field(alias="from")]
+    to: str | None = None
+
+    @field_validator("from_")
+    @classmethod
+    def _from(cls, v: str) -> str:
+        return _forwardable(v, "from")
+
+    @field_validator("to")
+    @classmethod
+    def _to(cls, v: str | None) -> str | None:
+        return None if v is None else _forwardable(v, "to")
+
+    @property
+    def target(self) -> str:
+        return self.to or self.from_
+
+
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
@@ -315,6 +361,12 @@ class BackendSettings(_Frozen):
     auth: BackendAuth | None = None
     # TLS toward an https backend: private CA, client certificate (mTLS), SNI override.
     tls: BackendTls | None = None
+    # Client request headers passed on by choice (an allowlist; a tenant id, say). Credentials,
+    # hop-by-hop and the gateway's own headers are refused here (NEVER_FORWARDED).
+    forward_headers: tuple[ForwardedHeader, ...] = ()
+    # A header naming the principal to the backend, signed with an HMAC of security.secret
+    # (format: docs/auth.md "Identity header"). None: not sent.
+    identity_header: str | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Deadline for this backend's share of an aggregated list; a late backend is left out.
@@ -371,6 +423,11 @@ class BackendSettings(_Frozen):
     def _header_names(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
         return {_header_name(name): value for name, value in v.items()}
 
+    @field_validator("identity_header")
+    @classmethod
+    def _identity_header(cls, v: str | None) -> str | None:
+        return None if v is None else _forwardable(v, "identity_header")
+
     @model_validator(mode="after")
     def _one_transport(self) -> BackendSettings:
         if isinstance(self.auth, HeadersAuth):
@@ -380,6 +437,14 @@ class BackendSettings(_Frozen):
                                                  "header in one place")
         if self.auth is not None and self.auth.type != "headers" and "authorization" in self.headers:
             raise FieldError("headers", f"authorization is set by auth ({self.auth.type}): remove it from headers")
+        targets = [f.target for f in self.forward_headers] + ([self.identity_header] if self.identity_header else [])
+        taken = sorted({t for t in targets if targets.count(t) > 1} | (set(targets) & set(self.headers)))
+        if taken:
+            raise FieldError("forward_headers", f"{', '.join(taken)}: each upstream header comes from one place "
+                                                "(headers, forward_headers or identity_header)")
+        if (self.forward_headers or self.identity_header) and self.url is None:
+            raise FieldError("forward_headers" if self.forward_headers else "identity_header",
+                             "applies to 'url' backends only")
         if (self.tls is not None or self.auth is not None) and self.url is None:
             raise FieldError("tls" if self.tls is not None else "auth",
                              "applies to 'url' backends only (a 'command' backend gets `env`)")
@@ -596,6 +661,8 @@ class GatewaySettings(BaseSettings):
             at = next(i for i, n in enumerate(names) if n in dupes and names.index(n) != i)
             raise FieldError(f"backends.{at}.name", f"backend names must be unique; repeated: {', '.join(dupes)}")
         for i, backend in enumerate(self.backends):
+            if backend.identity_header and self.security.secret is None:
+                raise FieldError(f"backends.{i}.identity_header", "is signed with security.secret, which is not set")
             if isinstance(backend.auth, TokenExchangeAuth) and self.auth.mode != "jwt":
                 raise FieldError(f"backends.{i}.auth.type", "token_exchange exchanges the caller's validated access "
                                                             "token: it needs auth.mode: jwt")

@@ -19,6 +19,8 @@ from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, upstream_e
 from gateway.backends import http1, tls
 from gateway.backends.credentials import credentials_for
 from gateway.backends.http1 import UpstreamResponse
+from gateway.backends.identity import IdentitySigner
+from gateway.backends.replica import ReplicaContext
 from gateway.observability import tracing
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -40,7 +42,7 @@ _END = object()  # the end of an SSE body (a JSON `null` payload must not look l
 
 
 class ModernHttpBackend(Backend):
-    def __init__(self, settings: BackendSettings) -> None:
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None) -> None:
         super().__init__(settings)
         assert settings.url is not None
         self.url = settings.url
@@ -50,6 +52,12 @@ class ModernHttpBackend(Backend):
         # Built once; each call copies it and adds its own headers. Static credentials are
         # part of it, so they cost nothing per call.
         self._base_headers = {"content-type": "application/json", "accept": _ACCEPT, **self.credentials.static}
+        # Client headers passed on by choice: (from, to) pairs (settings refuse credentials).
+        self._forwarded = tuple((f.from_, f.target) for f in settings.forward_headers)
+        self._identity: tuple[str, IdentitySigner] | None = None
+        if settings.identity_header is not None:
+            secret = (replica or ReplicaContext.alone()).secret
+            self._identity = (settings.identity_header, IdentitySigner(secret))
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -65,6 +73,14 @@ class ModernHttpBackend(Backend):
         for key, value in call.headers.items():
             if key.startswith(h.PARAM_PREFIX) or key in _RELAYED:
                 headers[key] = value
+        if self._forwarded:
+            for source, target in self._forwarded:
+                value = call.headers.get(source)
+                if value is not None:
+                    headers[target] = value
+        if self._identity is not None:
+            name, signer = self._identity
+            headers[name] = signer.value(call.principal)
         if tracing.enabled():
             headers.update(tracing.outgoing_headers())  # the gateway's span is the parent
         return headers

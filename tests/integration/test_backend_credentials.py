@@ -322,3 +322,64 @@ def test_the_backend_sees_the_tokens_it_was_issued_not_forged_ones(issuer):
     forged = jwt.encode({"sub": "eve"}, rsa_key().private, algorithm="RS256")
     with pytest.raises(jwt.InvalidSignatureError):
         authz.decode(forged)
+
+
+# -- chosen client headers and the identity header --------------------------------------------
+
+
+async def test_forward_headers_pass_the_allowlisted_headers_only_and_identity_is_signed(served, issuer):
+    from gateway.backends.identity import verify
+
+    backend = GuardedBackend()
+    b = await served(backend)
+    jwks = await served(JwksEndpoint(issuer))
+    secret = "identity-hmac-secret-0123456789abcdef"
+    settings = {"backends": [backend_entry(f"{b.base}/mcp", None, identity_header="x-mcp-user",
+                                           forward_headers=[{"from": "x-tenant-id", "to": "x-tenant"},
+                                                            {"from": "x-request-region"}])],
+                "security": {"secret": secret},
+                "auth": {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "jwks_url": f"{jwks.base}/jwks",
+                         "authorization_servers": [ISSUER]}}
+    token = issuer.token("dana")
+    async with running_gateway(settings, discover=False) as gw, httpx.AsyncClient() as client:
+        response = await mcp_http.post(client, gw.url, "tools/call", {"name": "echo", "arguments": {}},
+                                       extra_headers={"authorization": f"Bearer {token}", "x-tenant-id": "acme",
+                                                      "x-request-region": "eu", "x-other": "not-listed",
+                                                      "cookie": "session=abc"})
+    assert response.status_code == 200, response.text
+    headers = {k.decode(): v.decode() for k, v in backend.calls("tools/call")[0][0]}
+    assert headers["x-tenant"] == "acme" and headers["x-request-region"] == "eu"
+    assert "x-tenant-id" not in headers and "x-other" not in headers
+    assert "cookie" not in headers and "authorization" not in headers
+    claims = verify(secret.encode(), headers["x-mcp-user"], max_age=60)
+    assert claims is not None and claims["sub"] == "dana" and claims["iss"] == ISSUER and claims["authenticated"]
+    assert verify(b"another-secret", headers["x-mcp-user"], max_age=60) is None
+    forged = headers["x-mcp-user"].rsplit(".", 1)[0].replace("v1.", "v1.x") + "." + headers["x-mcp-user"].rsplit(".", 1)[1]
+    assert verify(secret.encode(), forged, max_age=60) is None
+
+
+@pytest.mark.parametrize("name", ["authorization", "Cookie", "connection", "transfer-encoding", "mcp-session-id",
+                                  "mcp-param-region", "traceparent", "host"])
+def test_check_config_refuses_credentials_hop_by_hop_and_gateway_headers_in_forward_headers(tmp_path, name):
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"backends": [{"name": "alpha", "url": "http://127.0.0.1:1/mcp",
+                                                    "forward_headers": [{"from": name, "to": "x-ok"}]}]}))
+    result = subprocess.run([sys.executable, "-m", "gateway", "check-config", str(config)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "backends.0.forward_headers.0.from" in result.stdout + result.stderr
+    assert f"{name.lower()!r} can never be forwarded" in result.stdout + result.stderr
+
+
+def test_identity_header_needs_security_secret():
+    from gateway.settings import ConfigError, load_settings
+
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, backends=[backend_entry("http://127.0.0.1:1/mcp", None, identity_header="x-mcp-user")])
+    assert exc.value.problems == [("backends.0.identity_header",
+                                   "is signed with security.secret, which is not set")]

@@ -88,6 +88,10 @@ class LegacyBackend(Backend):
 
     async def start(self) -> None:
         self.replica.report_problems()
+        if self.settings.forward_headers or self.settings.identity_header:
+            # A legacy session serves many clients at once: per-client headers have no place.
+            log.warning("backend %s is initialize-era: forward_headers and identity_header apply to modern "
+                        "backends only and are not sent", self.name)
         self.pool.start()
 
     async def aclose(self) -> None:
