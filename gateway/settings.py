@@ -253,6 +253,7 @@ class TokenExchangeAuth(_TokenEndpoint):
         return self
 
 
+_AUTH_TYPES = frozenset({"headers", "oauth_client_credentials", "token_exchange"})
 BackendAuth = Annotated[HeadersAuth | ClientCredentialsAuth | TokenExchangeAuth, Field(discriminator="type")]
 
 
@@ -737,6 +738,9 @@ def _located(err: Any) -> tuple[str, str]:
     """(field path, message) of one validation error; a FieldError names its own field below
     the model that raised it."""
     loc = [str(p) for p in err["loc"]]
+    # A discriminated union (backends[].auth) puts the chosen `type` in the path: not a key
+    # the operator wrote.
+    loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "auth" and p in _AUTH_TYPES)]
     msg = err["msg"]
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, FieldError):
