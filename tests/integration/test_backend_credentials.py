@@ -383,3 +383,97 @@ def test_identity_header_needs_security_secret():
         load_settings(None, backends=[backend_entry("http://127.0.0.1:1/mcp", None, identity_header="x-mcp-user")])
     assert exc.value.problems == [("backends.0.identity_header",
                                    "is signed with security.secret, which is not set")]
+
+
+# -- initialize-era backends ------------------------------------------------------------------
+
+
+class LegacyRecorder:
+    """A minimal initialize-era (2025-06-18) Streamable HTTP backend: sessions minted on
+    initialize, an `echo` tool, no GET stream (405). It records, per session id, the
+    Authorization values it saw."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, list[str]] = {}
+        self.initializes: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        import uuid
+
+        import orjson
+
+        from tests.support.asgi import read_body
+
+        headers = dict(scope["headers"])
+        authorization = headers.get(b"authorization", b"").decode()
+        if scope["method"] != "POST":
+            await send({"type": "http.response.start", "status": 405, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        msg = orjson.loads(await read_body(receive))
+        extra: list[tuple[bytes, bytes]] = []
+        if msg.get("method") == "initialize":
+            sid = uuid.uuid4().hex
+            self.sessions[sid] = [authorization]
+            self.initializes.append(authorization)
+            extra.append((b"mcp-session-id", sid.encode()))
+            result: Any = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                           "serverInfo": {"name": "legacy-recorder", "version": "1"}}
+        else:
+            sid = headers.get(b"mcp-session-id", b"").decode()
+            if sid not in self.sessions:
+                await send({"type": "http.response.start", "status": 404, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            self.sessions[sid].append(authorization)
+            if "id" not in msg:
+                await send({"type": "http.response.start", "status": 202, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            if msg["method"] == "tools/list":
+                result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+            else:
+                result = {"content": [{"type": "text", "text": "echoed"}]}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), *extra]})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def test_a_legacy_backend_gets_the_client_credentials_token_on_its_session(served):
+    authz = AuthorizationServer({CLIENT_ID: CLIENT_SECRET})
+    a = await served(authz)
+    legacy = LegacyRecorder()
+    b = await served(legacy)
+    settings = {"backends": [backend_entry(f"{b.base}/mcp", client_credentials(f"{a.base}/token"), era="legacy")]}
+    async with running_gateway(settings, discover=False) as gw, httpx.AsyncClient() as client:
+        for i in range(5):
+            response = await call(client, gw.url, "client-token-never-upstream", id=i)
+            assert response.status_code == 200, response.text
+    assert len(authz.requests) == 1
+    seen = {value for values in legacy.sessions.values() for value in values}
+    assert len(seen) == 1 and authz.decode(seen.pop().removeprefix("Bearer "))["sub"] == CLIENT_ID
+
+
+async def test_two_principals_exchanged_tokens_never_share_a_legacy_session(served, issuer):
+    authz = AuthorizationServer({CLIENT_ID: CLIENT_SECRET}, subject_issuer=issuer)
+    a = await served(authz)
+    legacy = LegacyRecorder()
+    b = await served(legacy)
+    jwks = await served(JwksEndpoint(issuer))
+    settings = exchange_settings(f"{b.base}/mcp", f"{a.base}/token", f"{jwks.base}/jwks")
+    settings["backends"][0]["era"] = "legacy"
+    alice, bob = issuer.token("alice"), issuer.token("bob")
+    async with running_gateway(settings, discover=False) as gw, httpx.AsyncClient() as client:
+        for i in range(3):
+            for token in (alice, bob):
+                response = await call(client, gw.url, token, id=i)
+                assert response.status_code == 200, response.text
+    # One session per principal, each carrying only its principal's exchanged token; the
+    # gateway's own session (its discovery: no user, no actor configured) carries none.
+    own = [values for values in legacy.sessions.values() if not any(values)]
+    assert len(own) <= 1
+    subjects_per_session = [{authz.decode(v.removeprefix("Bearer "))["sub"] for v in values}
+                            for values in legacy.sessions.values() if any(values)]
+    assert sorted(map(sorted, subjects_per_session)) == [["alice"], ["bob"]]
+    assert len(authz.grants("urn:ietf:params:oauth:grant-type:token-exchange")) == 2
