@@ -85,7 +85,9 @@ class TokenEndpoint:
         self._client_id = client_id
         self._client_secret = client_secret
         self._client_auth = client_auth
-        self._http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)
+        self._timeout = timeout
+        # Made on first use: a backend built and dropped (check-config's preflight) opens nothing.
+        self._http: httpx.AsyncClient | None = None
 
     async def token(self, form: dict[str, str]) -> tuple[str, float | None]:
         """(access_token, expires_in) for this grant request."""
@@ -99,6 +101,8 @@ class TokenEndpoint:
             else:
                 form["client_id"] = self._client_id
                 form["client_secret"] = self._client_secret or ""
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
         try:
             response = await self._http.post(self.url, data=form, headers=headers)
         except httpx.TimeoutException:
@@ -125,7 +129,8 @@ class TokenEndpoint:
         return token, float(expires_in) if isinstance(expires_in, (int, float)) and expires_in > 0 else None
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
 
 class TokenSource:
