@@ -100,6 +100,22 @@ class ServerSettings(_Frozen):
             return False
 
 
+class RootSettings(_Frozen):
+    """One root an initialize-era backend is told about when it asks `roots/list` outside a
+    client request (legacy schema `Root`: a `file://` URI and an optional display name)."""
+
+    uri: str
+    name: str | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _file_uri(cls, v: str) -> str:
+        # 2025-11-25 schema Root.uri: "This *must* start with file:// for now."
+        if not v.startswith("file://"):
+            raise ValueError(f"{v!r} is not a file:// URI (a root must be one)")
+        return v
+
+
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
@@ -157,6 +173,10 @@ class BackendSettings(_Frozen):
     max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
+    # Initialize-era backends that ask `roots/list` outside any client request (at start-up,
+    # say) get these; empty: an empty list. Asked during a client's call, the question goes
+    # to that client (MRTR) as before. docs/legacy.md "Roots".
+    roots: tuple[RootSettings, ...] = ()
 
     @field_validator("url")
     @classmethod

@@ -9,6 +9,7 @@
 #   - redis-server (Debian package, through apt-get; the tests start their own on free ports)
 #   - the mcp==1.30.0 virtualenv for legacy fixture servers (scripts/legacy-venv.sh)
 #   - Node 22 and the conformance suite (scripts/node22.sh, scripts/conformance.sh)
+#   - @modelcontextprotocol/server-filesystem from npm (scripts/server-filesystem.sh)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,6 +46,10 @@ export MCPGW_LEGACY_PYTHON="$LEGACY_PYTHON_BIN"
 step "node 22 + conformance suite"
 NODE22_BIN="$(bash scripts/node22.sh)"
 export MCPGW_NODE22_BIN="$NODE22_BIN"
+
+step "@modelcontextprotocol/server-filesystem (npm; its test skips without it)"
+MCPGW_SERVER_FILESYSTEM="$(PATH="$NODE22_BIN:$PATH" bash scripts/server-filesystem.sh)"
+export MCPGW_SERVER_FILESYSTEM
 
 step "pytest"
 exec "$venv/bin/python" -m pytest "$@"
