@@ -360,6 +360,20 @@ class SubscriptionSettings(_Frozen):
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
     lease_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Backends that cannot listen (listen refused, or an ack that honours less than asked):
+    # the stream's holder polls their lists and subscribed resources instead, each every
+    # ttlMs of its last answer, bounded by these, and notifies on a change
+    # (docs/subscriptions.md "Backends without listen"). false: such backends stay silent.
+    poll_fallback: bool = True
+    poll_min_seconds: Annotated[float, Field(gt=0)] = 5.0
+    poll_max_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+    @model_validator(mode="after")
+    def _poll_bounds(self) -> SubscriptionSettings:
+        if self.poll_max_seconds < self.poll_min_seconds:
+            raise ValueError(f"poll_max_seconds ({self.poll_max_seconds:g}) must be at least poll_min_seconds "
+                             f"({self.poll_min_seconds:g})")
+        return self
 
 
 class GatewaySettings(BaseSettings):
