@@ -157,3 +157,25 @@ async def test_one_poller_for_every_client_of_every_replica(no_listen, redis_ser
             assert reader.messages[1]["params"]["_meta"] == {SUB: reader.id}
         for reader in readers:
             await reader.close()
+
+
+async def test_a_stateless_initialize_era_backend_is_polled():
+    """No session, so no GET stream and no subscriptions: its listen acknowledges nothing
+    (docs/legacy.md), and the gateway polls it instead."""
+    from tests.support import legacy_venv
+
+    proc = legacy_venv.legacy_server("--stateless", "--json", name="legacy-poll-stateless").start()
+    try:
+        settings = {"backends": [{"name": "old", "url": proc.url, "era": "legacy"}], "subscriptions": POLL}
+        async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=30) as http:
+            reader = await ListenReader(http, gw.url, {"toolsListChanged": True}, id="old-1").open()
+            assert reader.ack["params"]["notifications"] == {"toolsListChanged": True}
+            bumped = await mcp_http.post(http, gw.url, "tools/call", {"name": "bump_tools", "arguments": {}})
+            added = bumped.json()["result"]["content"][0]["text"]
+            await reader.wait_count(2, timeout=5)
+            assert reader.messages[1]["method"] == TOOLS_CHANGED
+            listed = (await mcp_http.post(http, gw.url, "tools/list")).json()["result"]["tools"]
+            assert added in [t["name"] for t in listed]
+            await reader.close()
+    finally:
+        proc.stop()

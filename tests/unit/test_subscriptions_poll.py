@@ -168,3 +168,110 @@ def test_poll_bounds_are_validated(lo, hi, ok):
     else:
         with pytest.raises(ConfigError, match="poll_max_seconds"):
             load_settings(None, subscriptions={"poll_min_seconds": lo, "poll_max_seconds": hi})
+
+
+# -- the upstream listen: what it asks natively, what it polls, what it publishes -------------
+
+
+class Listener(Answers):
+    """Answers `subscriptions/listen` with a stream: an ack granting `self.grant`, then whatever
+    the test puts on `self.stream`."""
+
+    def __init__(self, capabilities: dict[str, Any], grant: dict[str, Any]) -> None:
+        super().__init__()
+        self._discovered = {"capabilities": capabilities}
+        self.grant = grant
+        self.stream: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def send(self, call) -> Reply:
+        if call.method != "subscriptions/listen":
+            return await super().send(call)
+        self.asked.append((call.method, {k: v for k, v in call.params.items() if k != "_meta"}))
+
+        async def events():
+            yield rpc.notification("notifications/subscriptions/acknowledged", {"notifications": self.grant})
+            while True:
+                yield await self.stream.get()
+
+        return Reply("b", stream=events())
+
+
+async def upstream_events(backend: Backend, wanted: SubscriptionFilter):
+    from gateway.subscriptions.bus import LocalBus
+    from gateway.subscriptions.upstream import StreamKey, Timing, UpstreamListen
+
+    events: list[dict[str, Any]] = []
+
+    async def heard(event: dict[str, Any]) -> None:
+        events.append(event)
+
+    bus = LocalBus(tick_seconds=0.05)
+    await bus.start(heard, lambda: asyncio.sleep(0))
+    stream = UpstreamListen(StreamKey("b", wanted), backend, bus, Timing(poll=PollSettings(True, 0.05, 0.05)),
+                            retire=lambda s: False)
+    stream.attach(object())  # a client, so that the holder keeps it
+    stream.start()
+    return stream, events
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_what_the_ack_leaves_out_is_polled_beside_the_native_stream():
+    caps = {"tools": {"listChanged": True}, "prompts": {"listChanged": True}}
+    backend = Listener(caps, grant={"toolsListChanged": True})  # its ack leaves prompts out
+    backend.results["prompts/list"] = {"prompts": [{"name": "p"}], "ttlMs": 0}
+    wanted = SubscriptionFilter(lists=frozenset({"toolsListChanged", "promptsListChanged"}))
+    stream, events = await upstream_events(backend, wanted)
+    try:
+        await until(lambda: any(e["t"] == "ack" for e in events))
+        assert backend.asked[0] == ("subscriptions/listen", {"notifications": {"toolsListChanged": True,
+                                                                               "promptsListChanged": True}})
+        (ack,) = [e for e in events if e["t"] == "ack"]
+        assert ack["f"] == {"toolsListChanged": True, "promptsListChanged": True}  # granted + polled
+        assert ("prompts/list", {}) in backend.asked and ("tools/list", {}) not in backend.asked
+        await backend.stream.put(rpc.notification("notifications/tools/list_changed"))  # native
+        backend.results["prompts/list"] = {"prompts": [{"name": "p"}, {"name": "q"}], "ttlMs": 0}  # polled
+        await until(lambda: len([e for e in events if e["t"] == "event"]) >= 2)
+        assert sorted(e["m"]["method"] for e in events if e["t"] == "event") == [
+            "notifications/prompts/list_changed", "notifications/tools/list_changed"]
+    finally:
+        await stream.aclose()
+
+
+async def test_nothing_native_to_ask_means_no_listen_at_all():
+    backend = Listener({"tools": {}}, grant={})  # tools without listChanged
+    backend.results["tools/list"] = tools("a", ttl=0)
+    stream, events = await upstream_events(backend, SubscriptionFilter(lists=frozenset({"toolsListChanged"})))
+    try:
+        await until(lambda: any(e["t"] == "ack" for e in events))
+        assert [m for m, _ in backend.asked if m == "subscriptions/listen"] == []
+        backend.results["tools/list"] = tools("a", "b", ttl=0)
+        await until(lambda: any(e["t"] == "event" for e in events))
+    finally:
+        await stream.aclose()
+
+
+async def test_a_listen_refused_as_not_found_is_polled():
+    class NotFound(Answers):
+        async def send(self, call) -> Reply:
+            if call.method == "subscriptions/listen":
+                self.asked.append((call.method, {}))
+                raise rpc.backend_refused("b", 404, b"Not Found")
+            return await super().send(call)
+
+    backend = NotFound()
+    backend._discovered = {"capabilities": {"tools": {"listChanged": True}}}
+    backend.results["tools/list"] = tools("a", ttl=0)
+    stream, events = await upstream_events(backend, SubscriptionFilter(lists=frozenset({"toolsListChanged"})))
+    try:
+        await until(lambda: any(e["t"] == "ack" for e in events))
+        assert [e["f"] for e in events if e["t"] == "ack"] == [{"toolsListChanged": True}]
+        backend.results["tools/list"] = tools("b", ttl=0)
+        await until(lambda: any(e["t"] == "event" for e in events))
+        assert len([m for m, _ in backend.asked if m == "subscriptions/listen"]) == 1  # not asked again
+    finally:
+        await stream.aclose()
