@@ -57,22 +57,27 @@ def _describe(value: Any) -> str:
 
 
 def _string(field: str, value: Any) -> None:
-    if not isinstance(value, str):
+    if value.__class__ is not str and not isinstance(value, str):
         raise _Invalid(field, f"must be a string, not {_describe(value)}")
+
+
+# Field names are built only when a check fails: the valid request pays no string formatting.
 
 
 def _implementation(field: str, value: Any) -> None:
     if not isinstance(value, dict):
         raise _Invalid(field, f'must be an Implementation object with "name" and "version" strings, '
                               f"not {_describe(value)}")
+    name, version = value.get("name"), value.get("version")
+    if name.__class__ is str and version.__class__ is str and len(value) == 2:
+        return  # the usual {"name", "version"}: nothing optional to look at
     for required in ("name", "version"):
         if required not in value:
             raise _Invalid(f"{field}.{required}", "is required (a string)")
-        _string(f"{field}.{required}", value[required])
-    if len(value) == 2:
-        return  # the usual {"name", "version"}: nothing optional to look at
+        if not isinstance(value[required], str):
+            _string(f"{field}.{required}", value[required])
     for optional in ("title", "description", "websiteUrl"):
-        if optional in value:
+        if optional in value and not isinstance(value[optional], str):
             _string(f"{field}.{optional}", value[optional])
     if "icons" in value:
         icons = value["icons"]
@@ -101,6 +106,9 @@ def _icon(field: str, value: Any) -> None:
 def _progress_token(field: str, value: Any) -> None:
     # ProgressToken: "string" | "integer". JSON Schema's integer is a number with no
     # fractional part (2020-12 §6.1.1), so 1.0 is one too; a boolean is not.
+    cls = value.__class__
+    if cls is str or cls is int:
+        return
     if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
         return
     if isinstance(value, float) and value.is_integer():
@@ -109,17 +117,20 @@ def _progress_token(field: str, value: Any) -> None:
 
 
 def _log_level(field: str, value: Any) -> None:
-    if not isinstance(value, str) or value not in _LEVELS:
+    if value.__class__ is not str or value not in _LEVELS:
         raise _Invalid(field, f"is an unknown log level {_describe(value)} (one of {', '.join(meta.LOG_LEVELS)})")
 
 
 def _capabilities(field: str, value: dict[str, Any]) -> None:
-    for name, members in _CAPABILITY_MEMBERS.items():
-        if name not in value:
+    for name, capability in value.items():
+        members = _CAPABILITY_MEMBERS.get(name)
+        if members is None:
+            continue  # not one the schema names: the client's own
+        if capability.__class__ is not dict:
+            if not isinstance(capability, dict):
+                raise _Invalid(f"{field}.{name}", f"must be an object, not {_describe(capability)}")
+        if not capability:
             continue
-        capability = value[name]
-        if not isinstance(capability, dict):
-            raise _Invalid(f"{field}.{name}", f"must be an object, not {_describe(capability)}")
         keys = capability if name in _MAPS_TO_OBJECTS else members
         for key in keys:
             if key in capability and not isinstance(capability[key], dict):
@@ -140,18 +151,22 @@ _OPTIONAL: dict[str, Callable[[str, Any], None]] = {
 }
 
 
+_PATHS = {key: _path(key) for key in _OPTIONAL}
+_CAPABILITIES_PATH = _path(meta.CLIENT_CAPABILITIES)
+
+
 def check_request_meta(meta_obj: dict[str, Any], request_id: rpc.RequestId | None) -> None:
     """Raise 400 -32602 naming the first standard `_meta` field whose value the schema rules
     out. `meta_obj` already holds both required fields (a string version, an object)."""
     try:
         capabilities = meta_obj[meta.CLIENT_CAPABILITIES]
         if capabilities:
-            _capabilities(_path(meta.CLIENT_CAPABILITIES), capabilities)
+            _capabilities(_CAPABILITIES_PATH, capabilities)
         if len(meta_obj) > 2:
             for key, value in meta_obj.items():
                 check = _OPTIONAL.get(key)
                 if check is not None and not (value is None and key == meta.LOG_LEVEL):
-                    check(_path(key), value)
+                    check(_PATHS[key], value)
     except _Invalid as bad:
         raise rpc.invalid_params(f"{bad.field} {bad.problem}", request_id, data={"field": bad.field}) from None
 
