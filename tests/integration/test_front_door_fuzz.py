@@ -986,3 +986,24 @@ async def test_malformed_standard_meta_is_the_clients_invalid_params(gw, backend
     error = response.json()["error"]
     assert named in error["message"] and named in error["data"]["field"], error
     assert len(await backend.calls()) == before  # refused at the front door: no backend saw it
+
+
+@pytest.mark.parametrize("gw", ["dual-era"], indirect=True)  # the one serving such clients
+@pytest.mark.parametrize(("params", "field"), [
+    ({"clientInfo": {"name": 5, "version": []}, "capabilities": {}}, "params.clientInfo.name"),
+    ({"clientInfo": 42, "capabilities": {}}, "params.clientInfo"),
+    ({"clientInfo": {"name": "c", "version": "1"}, "capabilities": {"sampling": True}},
+     "params.capabilities.sampling"),
+])
+async def test_an_initialize_era_client_declaring_malformed_meta_is_refused_once(gw, params, field):
+    # What it declares becomes every later request's _meta: refused at initialize, naming the
+    # field, instead of failing each request of the session.
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        response = await client.post(gw.url, headers={"accept": "application/json, text/event-stream"}, json={
+            "jsonrpc": "2.0", "id": "init", "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", **params}})
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["id"] == "init" and body["error"]["code"] == -32602
+    assert body["error"]["data"] == {"field": field}
+    assert "mcp-session-id" not in response.headers
