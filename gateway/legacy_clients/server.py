@@ -48,6 +48,7 @@ from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta, sse
 from gateway.protocol.methods import is_long_running
 from gateway.protocol.principal import principal_of
+from gateway.protocol.request_meta import check_initialize_declarations
 from gateway.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS
 
 log = logging.getLogger("gateway.legacy_clients")
@@ -278,6 +279,12 @@ class LegacyClients:
             return
         if not isinstance(params, dict) or not isinstance(params.get("capabilities", {}), dict):
             await _send_error(send, rpc.invalid_params('"params.capabilities" must be an object', request_id))
+            return
+        try:
+            # They become every later request's _meta: refused once, here, naming the field.
+            check_initialize_declarations(params, request_id)
+        except rpc.McpError as exc:
+            await _send_error(send, exc)
             return
         version = translate.negotiate_version(params.get("protocolVersion"), old_transport=old_transport)
         try:

@@ -38,6 +38,7 @@ from gateway.subscriptions.filters import (
     parse_request,
     union,
 )
+from gateway.subscriptions.poll import pollable
 from gateway.subscriptions.upstream import StreamKey, Timing, UpstreamListen
 
 if TYPE_CHECKING:
@@ -178,8 +179,7 @@ class SubscriptionHub:
         self.table = table
         self.cache: ResponseCache = cache or NoCache()
         self.bus: Bus = bus or LocalBus()
-        self.timing = Timing(settings.linger_seconds, settings.reconnect_initial_seconds,
-                             settings.reconnect_max_seconds)
+        self.timing = Timing.from_settings(settings)
         self._streams: dict[str, UpstreamListen] = {}
         self._clients: set[ClientListen] = set()
         self._per_principal: collections.Counter[str] = collections.Counter()
@@ -255,17 +255,21 @@ class SubscriptionHub:
         and it keeps the cache honest for all list types), and one per distinct set of URIs."""
         capabilities = await asyncio.gather(*(self._capabilities(t) for t in targets))
         can = {t.backend.name: deliverable(c) for t, c in zip(targets, capabilities, strict=True)}
+        # What a backend that cannot listen can still deliver, polled (poll.py): every list it
+        # has, and reads of the URIs it owns (never of URIs nobody is known to own).
+        polled = {t.backend.name: pollable(c) if self.timing.poll.enabled else (frozenset(), False)
+                  for t, c in zip(targets, capabilities, strict=True)}
         uris_for: dict[str, set[str]] = collections.defaultdict(set)
         for uri in requested.uris:
             owner = self.table.resolve_uri(uri)
             candidates = (owner,) if owner is not None else targets
             for target in candidates:
-                if can[target.backend.name][1]:
+                if can[target.backend.name][1] or (owner is not None and polled[target.backend.name][1]):
                     uris_for[target.backend.name].add(uri)
         plan: list[tuple[StreamKey, SubscriptionFilter]] = []
         for target in targets:
             name = target.backend.name
-            flags, _ = can[name]
+            flags = can[name][0] | polled[name][0]
             wanted_flags = requested.lists & flags
             if wanted_flags:
                 plan.append((StreamKey(name, SubscriptionFilter(lists=flags)),

@@ -34,3 +34,8 @@ REJECTED = Counter(
     "subscriptions/listen requests refused by a limit (per_principal, total) or during shutdown.",
     ["reason"],
 )
+POLLS = Counter(
+    "mcp_gateway_listen_polls_total",
+    "Polls of a backend that cannot listen (its lists and subscribed resources), by backend and outcome (ok, failed).",
+    ["backend", "outcome"],
+)
