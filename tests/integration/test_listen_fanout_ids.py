@@ -1,0 +1,115 @@
+"""5,000 listen streams with alternating integer and string ids (the strings spelled like
+numbers, so only the JSON type tells them apart), one gateway process, a burst of 50
+notifications: every stream receives all 50, each carrying exactly its own id with its own
+JSON type (spec §Receiving Notifications; the gateway splices ids into one encoding,
+gateway/subscriptions/encoding.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+
+import httpx
+import orjson
+import pytest
+import yaml
+
+from tests.support import mcp_http
+from tests.support.procs import gateway_process, python_server
+
+STREAMS = 5000
+BURST = 50
+URI = "fanout://burst"
+SUB = "io.modelcontextprotocol/subscriptionId"
+MARK = b"event: message"
+
+
+def _descriptors(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"needs {needed} file descriptors; the hard RLIMIT_NOFILE here is {hard}")
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
+
+
+class RawListen:
+    """One listen stream over a raw socket: light enough for thousands in one test."""
+
+    def __init__(self, listen_id: int | str) -> None:
+        self.id = listen_id
+        self.data = bytearray()
+        self.events = 0
+        self.changed = asyncio.Event()
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def run(self, port: int) -> None:
+        reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
+        body = orjson.dumps(mcp_http.body("subscriptions/listen", {"notifications": {"resourceSubscriptions": [URI]}},
+                                          id=self.id))
+        head = "".join(f"{k}: {v}\r\n" for k, v in mcp_http.headers("subscriptions/listen").items())
+        self.writer.write(f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}content-length: {len(body)}\r\n\r\n"
+                          .encode() + body)
+        tail = b""
+        while chunk := await reader.read(65536):
+            self.data += chunk
+            # A mark may straddle two reads: counted over the last bytes before this one too
+            # (too few to hold a whole mark, so none is counted twice).
+            seen = tail + chunk
+            self.events += seen.count(MARK)
+            tail = seen[-(len(MARK) - 1):]
+            self.changed.set()
+
+    def messages(self) -> list[dict]:
+        return [orjson.loads(line[6:]) for line in bytes(self.data).split(b"\n") if line.startswith(b"data: ")]
+
+    async def wait_events(self, n: int) -> None:
+        while self.events < n:
+            self.changed.clear()
+            await self.changed.wait()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def test_five_thousand_streams_each_get_their_own_id_with_its_type_in_a_burst(tmp_path):
+    _descriptors(STREAMS + 1000)
+    backend = python_server("mutable_modern.py", name="mutable-ids").start()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "backends": [{"name": "m", "url": backend.url}],
+        "subscriptions": {"max_listens": STREAMS, "max_listens_per_principal": STREAMS},
+        "observability": {"log_level": "warning"},
+    }))
+    gateway = gateway_process(config).start()
+    # Integers and strings spelled the same: 0, "1", 2, "3", ...
+    streams = [RawListen(i if i % 2 == 0 else str(i)) for i in range(STREAMS)]
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for start in range(0, STREAMS, 500):  # in batches: a connection storm measures the backlog
+            batch = streams[start:start + 500]
+            tasks += [asyncio.create_task(s.run(gateway.port)) for s in batch]
+            await asyncio.wait_for(asyncio.gather(*(s.wait_events(1) for s in batch)), 30)
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.post(f"http://127.0.0.1:{backend.port}/touch", params={"uri": URI, "times": BURST})
+            assert answer.status_code == 200
+            assert (await http.get(f"http://127.0.0.1:{backend.port}/stats")).json()["open_listens"] == 1
+        await asyncio.wait_for(asyncio.gather(*(s.wait_events(1 + BURST) for s in streams)), 30)
+        await asyncio.sleep(0.2)  # nothing more may follow
+        for s in streams:
+            ack, *notifications = s.messages()
+            assert ack["method"] == "notifications/subscriptions/acknowledged"
+            assert ack["params"]["_meta"][SUB] == s.id
+            assert len(notifications) == BURST, (s.id, len(notifications))
+            for n in notifications:
+                assert n["method"] == "notifications/resources/updated" and n["params"]["uri"] == URI
+                got = n["params"]["_meta"][SUB]
+                assert got == s.id and type(got) is type(s.id), (s.id, got)
+    finally:
+        for s in streams:
+            s.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        gateway.stop()
+        backend.stop()
