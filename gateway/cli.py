@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any
 
-from gateway import __version__
+from gateway import __version__, descriptors
 from gateway.settings import CONFIG_ENV, ConfigError, GatewaySettings, load_settings
 
 log = logging.getLogger("gateway")
@@ -80,6 +80,8 @@ async def _serve(settings: GatewaySettings) -> None:
     from gateway.app import build_app
     from gateway.demo.backend import demo_app
 
+    # Listen streams hold a descriptor each: take every one the hard limit allows.
+    descriptors.raise_soft_limit()
     servers: list[uvicorn.Server] = []
     demo_server = None
     if settings.demo or not settings.backends:

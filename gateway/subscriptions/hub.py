@@ -23,6 +23,7 @@ import collections
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway import descriptors
 from gateway.backends.base import Message, Reply
 from gateway.cache import NoCache, ResponseCache
 from gateway.protocol import jsonrpc as rpc
@@ -339,6 +340,14 @@ class SubscriptionHub:
                 f"Too many listen streams: this gateway replica holds its limit of {s.max_listens} "
                 "(subscriptions.max_listens)", status=503, data={"limit": "subscriptions.max_listens",
                                                                  "max": s.max_listens}, request_id=request_id)
+        capacity = descriptors.listen_capacity()
+        if capacity is not None and len(self._clients) >= capacity:
+            metrics.REJECTED.labels("descriptors").inc()
+            raise rpc.McpError(
+                rpc.GATEWAY_OVERLOADED,
+                f"Too many listen streams: this gateway replica's file descriptors allow {capacity} "
+                f"(RLIMIT_NOFILE less {descriptors.RESERVED} kept for other work)", status=503,
+                data={"limit": "RLIMIT_NOFILE", "max": capacity}, request_id=request_id)
         if self._per_principal[principal] >= s.max_listens_per_principal:
             metrics.REJECTED.labels("per_principal").inc()
             raise rpc.McpError(

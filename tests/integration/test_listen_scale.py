@@ -14,6 +14,7 @@ import orjson
 import pytest
 import yaml
 
+from gateway import descriptors
 from tests.support import mcp_http
 from tests.support.procs import gateway_process, python_server
 
@@ -105,6 +106,51 @@ async def test_five_thousand_streams_each_get_their_own_id_with_its_type_in_a_bu
                 assert n["method"] == "notifications/resources/updated" and n["params"]["uri"] == URI
                 got = n["params"]["_meta"][SUB]
                 assert got == s.id and type(got) is type(s.id), (s.id, got)
+    finally:
+        for s in streams:
+            s.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        gateway.stop()
+        backend.stop()
+
+
+async def test_a_replica_at_its_descriptor_limit_refuses_listens_and_keeps_serving(tmp_path):
+    """docs/subscriptions.md "Limits and descriptors": with RLIMIT_NOFILE lowered under the
+    running gateway, listens past (limit - reserve) get -31004 / 503 naming the limit, and
+    the gateway goes on answering."""
+    limit = descriptors.RESERVED + 40
+    backend = python_server("mutable_modern.py", name="mutable-fd").start()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"backends": [{"name": "m", "url": backend.url}],
+                                      "observability": {"log_level": "warning"}}))
+    gateway = gateway_process(config).start()
+    streams = [RawListen(f"fd-{i}") for i in range(40)]
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        assert gateway.proc is not None
+        resource.prlimit(gateway.proc.pid, resource.RLIMIT_NOFILE, (limit, limit))
+        tasks = [asyncio.create_task(s.run(gateway.port)) for s in streams]
+        await asyncio.wait_for(asyncio.gather(*(s.wait_events(1) for s in streams)), 30)
+        async with httpx.AsyncClient(timeout=30) as http:
+            refused = await http.post(gateway.url, content=orjson.dumps(mcp_http.body(
+                "subscriptions/listen", {"notifications": {"toolsListChanged": True}}, id="one-too-many")),
+                headers=mcp_http.headers("subscriptions/listen"))
+            assert refused.status_code == 503
+            error = refused.json()["error"]
+            assert error["code"] == -31004 and error["data"] == {"limit": "RLIMIT_NOFILE", "max": 40}
+            assert "file descriptors" in error["message"]
+            listed = await mcp_http.post(http, gateway.url, "tools/list")
+            assert listed.status_code == 200 and listed.json()["result"]["tools"]
+            # One stream leaves: its slot is free again.
+            streams[0].close()
+            await asyncio.sleep(0.5)
+            async with http.stream("POST", gateway.url, content=orjson.dumps(mcp_http.body(
+                    "subscriptions/listen", {"notifications": {"toolsListChanged": True}}, id="next")),
+                    headers=mcp_http.headers("subscriptions/listen")) as again:
+                assert again.status_code == 200
+                assert again.headers["content-type"].startswith("text/event-stream")
     finally:
         for s in streams:
             s.close()
