@@ -26,12 +26,9 @@ class DirectStream(Protocol):
 
     # Set by the owner: called once when the connection is lost before `finish`/`cut`.
     on_lost: Callable[[], None] | None
-
-    @property
-    def paused(self) -> bool:
-        """The connection's write buffer is above its high-water mark (the peer is not
-        reading as fast as it is written to)."""
-        ...
+    # The connection's write buffer is above its high-water mark (the peer is not reading as
+    # fast as it is written to). An attribute, not a property: it is read once per write.
+    paused: bool
 
     def write(self, data: bytes) -> None:
         """One body chunk, sent now (behind anything written before it)."""

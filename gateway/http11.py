@@ -130,23 +130,33 @@ class _DirectStream:
     for listen streams, where one notification is thousands of such writes in one loop pass and
     no other answer could share their wakeups (write_batch.py), so nothing is held back."""
 
-    __slots__ = ("_protocol", "_exchange", "on_lost")
+    __slots__ = ("_protocol", "_exchange", "_transport", "_batch", "paused", "on_lost")
 
-    def __init__(self, protocol: Http11Protocol, exchange: _Exchange) -> None:
+    def __init__(self, protocol: Http11Protocol, exchange: _Exchange, transport: Any) -> None:
         self._protocol = protocol
         self._exchange = exchange
+        self._transport = transport
+        self._batch = protocol.batch
+        # Kept by the protocol's pause_writing/resume_writing: the transport's buffer is over
+        # its high-water mark.
+        self.paused = protocol.write_paused
         self.on_lost: Any = None
-
-    @property
-    def paused(self) -> bool:
-        return self._protocol.write_paused
 
     def write(self, data: bytes) -> None:
         if data:
             self._send(b"%x\r\n%b\r\n" % (len(data), data))
 
     def write_parts(self, before: bytes, middle: bytes, after: bytes) -> None:
-        self._send(b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
+        # The fan-out's hot path: one call per client per notification (bench/README.md
+        # "Listen fan-out"), so the common case is checked in as few steps as it takes.
+        exchange = self._exchange
+        transport = self._transport
+        if exchange.head is not None or exchange.complete or exchange.gone or transport.is_closing():
+            self._send(b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
+            return
+        if self._batch.held:  # bytes written through `send` before the takeover go first
+            self._batch.flush(transport)
+        transport.write(b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
 
     def _send(self, data: bytes) -> None:
         exchange = self._exchange
@@ -156,11 +166,10 @@ class _DirectStream:
         if head is not None:
             exchange.head = None
             data = head + data
-        protocol = self._protocol
-        transport = protocol.transport
-        if transport is None or transport.is_closing():
+        transport = self._transport
+        if transport.is_closing():
             return
-        protocol.batch.flush(transport)  # bytes written through `send` before the takeover go first
+        self._batch.flush(transport)
         transport.write(data)
 
     def finish(self, data: bytes = b"") -> None:
@@ -322,9 +331,13 @@ class Http11Protocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self.direct is not None:
+            self.direct.paused = True
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.direct is not None:
+            self.direct.paused = False
         self._resume_writers()
 
     def _resume_writers(self) -> None:
@@ -540,7 +553,7 @@ class Http11Protocol(asyncio.Protocol):
                 or not exchange.chunked or self.transport is None or self.transport.is_closing()):
             return None
         if exchange.direct is None:
-            exchange.direct = self.direct = _DirectStream(self, exchange)
+            exchange.direct = self.direct = _DirectStream(self, exchange, self.transport)
             # What a long-lived stream keeps is the connection and this exchange: the request's
             # scope and header list go with the application's call (bench/README.md "Memory
             # per idle stream").

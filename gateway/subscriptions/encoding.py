@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.backends.base import Message
+from gateway.subscriptions.filters import SubscriptionFilter
 from gateway.protocol import meta
 from gateway.protocol import sse
 
@@ -48,34 +49,41 @@ def encode_id(listen_id: Any) -> bytes:
 
 class Outgoing:
     """One notification on its way to the clients of one upstream stream (per replica):
-    encoded at the first client that takes it, spliced for each one after."""
+    encoded at the first client that takes it, spliced for each one after. It also remembers
+    whether the last filter asked admits it: clients of a stream share their filter objects
+    (`UpstreamListen.canonical`), so a fan-out judges each filter once, not each client."""
 
-    __slots__ = ("message", "_before", "_after")
+    __slots__ = ("message", "before", "after", "_judged", "_admitted")
 
     def __init__(self, message: Message) -> None:
         self.message = message
-        self._before: bytes | None = None
-        self._after = b""
+        # The event's bytes before and after the id: None until encoded, b"" (before) when the
+        # event cannot be spliced (`event_for` encodes it per client).
+        self.before: bytes | None = None
+        self.after = b""
+        self._judged: Any = None
+        self._admitted = False
 
-    def parts(self) -> tuple[bytes, bytes] | None:
-        """(before, after) the id in the SSE event, or None when the event cannot be spliced
-        (the placeholder occurs more than once: encode per client with `event_for`)."""
-        before = self._before
-        if before is None:
-            raw = sse.encode(tag(self.message, _PLACEHOLDER))
-            at = raw.find(_PLACEHOLDER_JSON)
-            if at < 0 or raw.find(_PLACEHOLDER_JSON, at + 1) >= 0:
-                self._before = b""
-                return None
-            before = self._before = raw[:at]
-            self._after = raw[at + len(_PLACEHOLDER_JSON):]
-        elif not before:
-            return None
-        return before, self._after
+    def admitted_by(self, granted: SubscriptionFilter) -> bool:
+        if granted is not self._judged:
+            self._admitted = granted.admits(self.message)
+            self._judged = granted
+        return self._admitted
+
+    def encode(self) -> bytes:
+        """Encode once: sets `before` and `after` (or `before = b""`); returns `before`."""
+        raw = sse.encode(tag(self.message, _PLACEHOLDER))
+        at = raw.find(_PLACEHOLDER_JSON)
+        if at < 0 or raw.find(_PLACEHOLDER_JSON, at + 1) >= 0:
+            self.before = b""
+        else:
+            self.before = raw[:at]
+            self.after = raw[at + len(_PLACEHOLDER_JSON):]
+        return self.before
 
     def event_for(self, listen_id: Any, id_json: bytes) -> bytes:
         """The whole SSE event for one client."""
-        parts = self.parts()
-        if parts is None:
+        before = self.before if self.before is not None else self.encode()
+        if not before:
             return sse.encode(tag(self.message, listen_id))
-        return parts[0] + id_json + parts[1]
+        return before + id_json + self.after

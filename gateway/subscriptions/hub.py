@@ -112,10 +112,12 @@ class ClientListen:
         return self._granted.get(stream_id, _NOTHING)
 
     def offer(self, stream_id: str, outgoing: Outgoing) -> None:
+        # Once per client per notification: the fan-out's hot path (bench/README.md "Listen
+        # fan-out"), written to take few steps.
         if self._ending is not None:
             return
         granted = self._granted.get(stream_id)
-        if granted is None or not granted.admits(outgoing.message):
+        if granted is None or not outgoing.admitted_by(granted):
             return
         channel = self._channel
         if channel is not None:
@@ -127,13 +129,15 @@ class ClientListen:
                 if self._behind > self._max:
                     self._overflow()
                     return
-            else:
+            elif self._behind:
                 self._behind = 0
-            parts = outgoing.parts()
-            if parts is None:
-                channel.write(outgoing.event_for(self.listen_id, self._id_json))
+            before = outgoing.before
+            if before is None:
+                before = outgoing.encode()
+            if before:
+                channel.write_parts(before, self._id_json, outgoing.after)
             else:
-                channel.write_parts(parts[0], self._id_json, parts[1])
+                channel.write(outgoing.event_for(self.listen_id, self._id_json))
             self._quiet = False
             return
         if len(self._queue) >= self._max:
@@ -314,7 +318,7 @@ class SubscriptionHub:
                 client.grant(self._stream(key), wants)
             acks = await asyncio.gather(*(s.wait_ack(self.settings.ack_timeout_seconds) for s in client.streams))
             for stream, acked in zip(client.streams, acks, strict=True):
-                client._granted[stream.id] = client.granted(stream.id) & (acked or _NOTHING)
+                client._granted[stream.id] = stream.canonical(client.granted(stream.id) & (acked or _NOTHING))
             honored = union(client._granted.values())
         except BaseException:
             client.end(graceful=False)

@@ -83,6 +83,7 @@ class UpstreamListen:
         # answers False when a client attached meanwhile.
         self._retire = retire
         self.sinks: set[Sink] = set()
+        self._filters: dict[SubscriptionFilter, SubscriptionFilter] = {}
         self._idle_since: float | None = time.monotonic()
         self.acked: SubscriptionFilter | None = None
         self._acked_event = asyncio.Event()
@@ -93,6 +94,11 @@ class UpstreamListen:
         self._task: asyncio.Task[None] | None = None
 
     # -- clients --------------------------------------------------------------------------
+
+    def canonical(self, granted: SubscriptionFilter) -> SubscriptionFilter:
+        """One object per distinct filter granted on this stream, so that a fan-out judges
+        each filter once (encoding.Outgoing.admitted_by), however many clients share it."""
+        return self._filters.setdefault(granted, granted)
 
     def attach(self, sink: Sink) -> None:
         self.sinks.add(sink)
