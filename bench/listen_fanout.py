@@ -170,16 +170,22 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def pin(pid: int, cpu: int) -> None:
-    """Every thread of `pid` onto `cpu`."""
+def place(pid: int, cpu: int | None, nice: int) -> None:
+    """Every thread of `pid` onto `cpu` (None: anywhere), at niceness `nice` (Linux applies
+    both per thread)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(task.name), {cpu})
+            if cpu is not None:
+                os.sched_setaffinity(int(task.name), {cpu})
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -197,11 +203,12 @@ def _gateway(config: Path, tree: str | None) -> Proc:
 
 
 async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = None,
-                  pinned: bool = True) -> dict[str, float]:
+                  pinned: bool = True, nice: int = 0, perf: str | None = None) -> dict[str, float]:
     if pinned and (os.cpu_count() or 1) < 2:
         pinned = False
-    if pinned:
-        os.sched_setaffinity(0, {OTHERS_CPU})
+    gateway_cpu = GATEWAY_CPU if pinned else None
+    others_cpu = OTHERS_CPU if pinned else None
+    place(os.getpid(), others_cpu, nice)
     backend = python_server("mutable_modern.py", name="bench-mutable").start()
     redis = RedisServer().start() if replicas > 1 else None
     workdir = Path(tempfile.mkdtemp(prefix="mcp-listen-bench-"))
@@ -209,8 +216,7 @@ async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = 
     readers: list[_ReaderProcess] = []
     try:
         for pid in (backend.proc.pid, *([redis.proc.pid] if redis and redis.proc else [])):  # type: ignore[union-attr]
-            if pinned:
-                pin(pid, OTHERS_CPU)
+            place(pid, others_cpu, nice)
         for r in range(replicas):
             config = workdir / f"gateway-{r}.yaml"
             subscriptions: dict = {"max_listens": n, "max_listens_per_principal": n}
@@ -222,9 +228,8 @@ async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = 
             gateway = _gateway(config, tree).start()
             gateways.append(gateway)
         pids = [g.proc.pid for g in gateways]  # type: ignore[union-attr]
-        if pinned:
-            for pid in pids:
-                pin(pid, GATEWAY_CPU)
+        for pid in pids:
+            place(pid, gateway_cpu, nice)
         async with httpx.AsyncClient(timeout=60) as http:
             control = f"http://127.0.0.1:{backend.port}"
             for g in gateways:  # warm each gateway (imports, pools) before the baseline RSS
@@ -235,9 +240,10 @@ async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = 
             started = time.perf_counter()
             ports = [g.port for g in gateways]
             share = -(-n // READER_PROCESSES)
-            readers = [await _ReaderProcess.start(ports, first, min(share, n - first),
-                                                  OTHERS_CPU if pinned else None)
+            readers = [await _ReaderProcess.start(ports, first, min(share, n - first), others_cpu)
                        for first in range(0, n, share)]
+            for reader in readers:
+                place(reader.proc.pid, None, nice)
             for reader in readers:
                 await reader.expect("ready")
             open_seconds = time.perf_counter() - started
@@ -245,19 +251,28 @@ async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = 
             rss_idle = sum(rss_bytes(pid) for pid in pids)
             upstreams = (await http.get(f"{control}/stats")).json()["open_listens"]
 
+            recorder = None
+            if perf:  # `perf record` on the gateways for the rounds only (--perf)
+                recorder = await asyncio.create_subprocess_exec(
+                    "perf", "record", "-g", "-o", perf, "-p", ",".join(map(str, pids)),
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                await asyncio.sleep(0.5)
             published: list[float] = []
-            cpu_before = sum(cpu_seconds(pid) for pid in pids)
-            cpu_spent = 0.0
+            user = system = 0.0
             for k in range(1, rounds + 1):
+                before = [cpu_split(pid) for pid in pids]
                 published.append((await http.post(f"{control}/change/tools")).json()["published_at"])
                 for reader in readers:
                     await reader.say(f"wait {k}")
                 for reader in readers:
                     await reader.expect("done")
-                cpu_after = sum(cpu_seconds(pid) for pid in pids)
-                cpu_spent += cpu_after - cpu_before
+                for pid, (u, s) in zip(pids, before, strict=True):  # the pause between rounds is not counted
+                    u1, s1 = cpu_split(pid)
+                    user, system = user + u1 - u, system + s1 - s
                 await asyncio.sleep(0.2)
-                cpu_before = sum(cpu_seconds(pid) for pid in pids)  # the pause between rounds is not counted
+            if recorder is not None:
+                recorder.send_signal(2)
+                await recorder.wait()
             arrivals: list[list[float]] = []
             for reader in readers:
                 await reader.say("dump")
@@ -282,7 +297,9 @@ async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = 
         "p50_ms": pct(deliveries, 0.5) * 1000, "p99_ms": pct(deliveries, 0.99) * 1000,
         "last_p50_ms": statistics.median(last) * 1000, "last_p99_ms": pct(last, 0.99) * 1000,
         "rss_per_stream_kb": (rss_idle - rss_before) / n / 1024,
-        "cpu_us_per_delivery": cpu_spent / (n * rounds) * 1e6,
+        "cpu_us_per_delivery": (user + system) / (n * rounds) * 1e6,
+        "user_us_per_delivery": user / (n * rounds) * 1e6,
+        "sys_us_per_delivery": system / (n * rounds) * 1e6,
     }
 
 
@@ -295,13 +312,14 @@ def largest_n(reserve: int = 500) -> int:
     return 50_000 if hard == resource.RLIM_INFINITY else min(50_000, hard - reserve)
 
 
-HEADER = (f"{'N':>7} {'repl':>4} {'upstr':>5} {'all got all':>11} {'open (s)':>8} {'µs CPU/dlv':>10} "
+HEADER = (f"{'N':>7} {'repl':>4} {'upstr':>5} {'all got all':>11} {'open (s)':>8} {'µs CPU/dlv (usr+sys)':>20} "
           f"{'p50 ms':>8} {'p99 ms':>8} {'last p50':>9} {'last p99':>9} {'RSS/stream':>11}")
 
 
 def line(r: dict[str, float]) -> str:
     return (f"{r['n']:>7} {r['replicas']:>4} {r['upstreams']:>5} {str(r['complete']):>11} {r['open_s']:>8.1f} "
-            f"{r['cpu_us_per_delivery']:>10.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
+            f"{r['cpu_us_per_delivery']:>6.1f} ({r['user_us_per_delivery']:.1f}+{r['sys_us_per_delivery']:.1f})".ljust(21)
+            + f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
             f"{r['last_p99_ms']:>9.1f} {r['rss_per_stream_kb']:>8.1f} KB")
 
 
@@ -312,6 +330,9 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--gateway-tree", help="run the gateway from this source tree (PYTHONPATH=TREE)")
     parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
+                        help="niceness of every process of the run (default -10 as root, as bench/run.py)")
+    parser.add_argument("--perf", help="perf record -g the gateway(s) during the rounds into this file")
     parser.add_argument("--reader", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ports", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, help=argparse.SUPPRESS)
@@ -330,7 +351,7 @@ def main() -> int:
     print(HEADER)
     for n in args.clients:
         r = asyncio.run(measure(n, args.rounds, replicas=args.replicas, tree=args.gateway_tree,
-                                pinned=not args.no_pin))
+                                pinned=not args.no_pin, nice=args.nice, perf=args.perf))
         print(line(r), flush=True)
     return 0
 

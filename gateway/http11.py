@@ -125,10 +125,11 @@ class _Exchange:
 
 
 class _DirectStream:
-    """A chunked response body taken over by the application (direct_stream.DirectStream): each
-    write goes to the transport at once, with no ASGI message, task or queue in between. Used
-    for listen streams, where one notification is thousands of such writes in one loop pass and
-    no other answer could share their wakeups (write_batch.py), so nothing is held back."""
+    """A chunked response body taken over by the application (direct_stream.DirectStream): a
+    write goes to the transport at once, with no ASGI message, task or queue in between, and
+    later writes of the same loop pass join it at the end of the pass
+    (`WriteBatch.write_through`). Used for listen streams, where one notification is thousands
+    of such writes in one pass and a burst of notifications is one write per stream."""
 
     __slots__ = ("_protocol", "_exchange", "_transport", "_batch", "paused", "on_lost")
 
@@ -154,9 +155,8 @@ class _DirectStream:
         if exchange.head is not None or exchange.complete or exchange.gone or transport.is_closing():
             self._send(b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
             return
-        if self._batch.held:  # bytes written through `send` before the takeover go first
-            self._batch.flush(transport)
-        transport.write(b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
+        self._batch.write_through(
+            transport, b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
 
     def _send(self, data: bytes) -> None:
         exchange = self._exchange
@@ -169,8 +169,7 @@ class _DirectStream:
         transport = self._transport
         if transport.is_closing():
             return
-        self._batch.flush(transport)
-        transport.write(data)
+        self._batch.write_through(transport, data)
 
     def finish(self, data: bytes = b"") -> None:
         exchange = self._exchange

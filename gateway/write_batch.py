@@ -47,7 +47,7 @@ class WriteBatch:
 
     def write(self, transport: Any, data: bytes) -> None:
         held = self.held.get(transport)
-        if held is None:
+        if held is None or held is _WRITTEN:
             if not self.held:
                 self._loop.call_soon(self.flush_all)
             held = self.held[transport] = [0]
@@ -61,10 +61,33 @@ class WriteBatch:
         other write of this pass could share the wakeup (http11.py: the only request being
         answered), so that its peer need not wait for the rest of the pass."""
         held = self.held.pop(transport, None)
-        if held is None:
+        if held is None or held is _WRITTEN:
             held = [0]
         held.append(data)
         _send(transport, held)
+
+    def write_through(self, transport: Any, data: bytes) -> None:
+        """Write `data` at once unless this pass already wrote to `transport`; hold the
+        writes after it until the pass ends. For a writer that writes to thousands of
+        transports in one pass (a listen fan-out, http11.py `_DirectStream`): one
+        notification goes out to each at once, and a burst of them in one pass leaves as one
+        write per transport instead of one per notification."""
+        held = self.held.get(transport)
+        if held is not None:
+            if held is _WRITTEN:
+                self.held[transport] = [len(data), data]
+                return
+            held.append(data)
+            held[0] += len(data)
+            if held[0] >= FLUSH_BYTES:
+                self.flush(transport)
+            return
+        if not self.held:
+            self._loop.call_soon(self.flush_all)
+        # A shared mark, not a list per transport: a fan-out to 10,000 streams would otherwise
+        # allocate 10,000 lists a notification for the collector to count.
+        self.held[transport] = _WRITTEN
+        transport.write(data)
 
     def flush(self, transport: Any) -> None:
         """Send what `transport` holds now (before a direct write to it, or its close)."""
@@ -83,7 +106,13 @@ class WriteBatch:
         return 0 if held is None else held[0]
 
 
-def _send(transport: Any, held: list[Any]) -> None:
+# What `write_through` holds for a transport it wrote to in this pass, until a second write.
+_WRITTEN: Any = (0,)
+
+
+def _send(transport: Any, held: Any) -> None:
+    if len(held) == 1:
+        return  # marked by `write_through`, nothing held after it
     if transport.is_closing():
         return  # closed before the pass ended: as a write to a closed transport, dropped
     try:
