@@ -38,7 +38,6 @@ shutdown (`shutdown()`, `ServerState.connections` and `.tasks`), `Date` header a
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import http
 import logging
@@ -219,6 +218,15 @@ _sweepers: weakref.WeakKeyDictionary[Any, _Sweeper] = weakref.WeakKeyDictionary(
 
 
 class Http11Protocol(asyncio.Protocol):
+    # Slots: a connection lives as long as its client, and a listen stream's connection is most
+    # of what an idle stream costs (bench/README.md "Memory per idle stream").
+    __slots__ = ("_began", "_chunk_bytes", "_defaults", "_defaults_source", "_expect_continue", "_frame_bytes",
+                 "_head_bytes", "_headers", "_in_head", "_progress", "_read_deadline", "_refused", "_url",
+                 "access_log", "active", "app", "app_state", "batch", "client", "closing", "direct", "drained",
+                 "idle_since", "keep_alive_seconds", "loop", "parser", "parsing", "read_timeout_seconds",
+                 "reading_paused", "root_path", "scheme", "server", "state", "sweeper", "transport", "waiting",
+                 "write_paused")
+
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *,
                  read_timeout_seconds: float = READ_TIMEOUT_SECONDS) -> None:
@@ -245,7 +253,8 @@ class Http11Protocol(asyncio.Protocol):
         self.active: _Exchange | None = None  # being answered
         self.direct: _DirectStream | None = None  # the active exchange's body, taken over
         self.parsing: _Exchange | None = None  # being read (the active one, or a pipelined one)
-        self.waiting: collections.deque[_Exchange] = collections.deque()  # pipelined, in order
+        # Pipelined requests, in order (at most MAX_PIPELINED: a list, smaller than a deque).
+        self.waiting: list[_Exchange] = []
         self.idle_since: float | None = None
         self.closing = False
         self.reading_paused = False
@@ -713,7 +722,7 @@ class Http11Protocol(asyncio.Protocol):
             self._close()
             return
         if self.waiting:
-            self._start(self.waiting.popleft())
+            self._start(self.waiting.pop(0))
             if not self.waiting:
                 self._resume_reading()
             return

@@ -43,8 +43,10 @@ def tag(message: Message, listen_id: Any) -> Message:
 
 
 def encode_id(listen_id: Any) -> bytes:
-    """A listen id as it appears in JSON: `7` for an integer, `"a"` for a string."""
-    return orjson.dumps(listen_id)
+    """A listen id as it appears in JSON: `7` for an integer, `"a"` for a string. Copied to
+    its own size: orjson's result keeps its writer's whole buffer (4 KB), and every stream
+    holds its id for as long as it listens."""
+    return bytes(memoryview(orjson.dumps(listen_id)))
 
 
 class Outgoing:
