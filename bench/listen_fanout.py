@@ -179,7 +179,11 @@ def cpu_split(pid: int) -> tuple[float, float]:
 
 def place(pid: int, cpu: int | None, nice: int) -> None:
     """Every thread of `pid` onto `cpu` (None: anywhere), at niceness `nice` (Linux applies
-    both per thread)."""
+    both per thread; and to its session's autogroup, as bench/run.py's `boost` does, since
+    each process of the run leads its own session)."""
+    if nice:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):
             if cpu is not None:
