@@ -265,7 +265,10 @@ async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = 
             user = system = 0.0
             for k in range(1, rounds + 1):
                 before = [cpu_split(pid) for pid in pids]
-                published.append((await http.post(f"{control}/change/tools")).json()["published_at"])
+                change = await http.post(f"{control}/change/tools")
+                if change.status_code != 200:
+                    raise RuntimeError(f"round {k}: the backend answered {change.status_code}: {change.text[:300]}")
+                published.append(change.json()["published_at"])
                 for reader in readers:
                     await reader.say(f"wait {k}")
                 for reader in readers:

@@ -16,13 +16,13 @@ import yaml
 
 from gateway import descriptors
 from tests.support import mcp_http
+from tests.support.listen import RawListen
 from tests.support.procs import gateway_process, python_server
 
 STREAMS = 5000
 BURST = 50
 URI = "fanout://burst"
 SUB = "io.modelcontextprotocol/subscriptionId"
-MARK = b"event: message"
 
 
 def _descriptors(needed: int) -> None:
@@ -31,46 +31,6 @@ def _descriptors(needed: int) -> None:
         pytest.skip(f"needs {needed} file descriptors; the hard RLIMIT_NOFILE here is {hard}")
     if soft != resource.RLIM_INFINITY and soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
-
-
-class RawListen:
-    """One listen stream over a raw socket: light enough for thousands in one test."""
-
-    def __init__(self, listen_id: int | str) -> None:
-        self.id = listen_id
-        self.data = bytearray()
-        self.events = 0
-        self.changed = asyncio.Event()
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def run(self, port: int) -> None:
-        reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
-        body = orjson.dumps(mcp_http.body("subscriptions/listen", {"notifications": {"resourceSubscriptions": [URI]}},
-                                          id=self.id))
-        head = "".join(f"{k}: {v}\r\n" for k, v in mcp_http.headers("subscriptions/listen").items())
-        self.writer.write(f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}content-length: {len(body)}\r\n\r\n"
-                          .encode() + body)
-        tail = b""
-        while chunk := await reader.read(65536):
-            self.data += chunk
-            # A mark may straddle two reads: counted over the last bytes before this one too
-            # (too few to hold a whole mark, so none is counted twice).
-            seen = tail + chunk
-            self.events += seen.count(MARK)
-            tail = seen[-(len(MARK) - 1):]
-            self.changed.set()
-
-    def messages(self) -> list[dict]:
-        return [orjson.loads(line[6:]) for line in bytes(self.data).split(b"\n") if line.startswith(b"data: ")]
-
-    async def wait_events(self, n: int) -> None:
-        while self.events < n:
-            self.changed.clear()
-            await self.changed.wait()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
 
 
 async def test_five_thousand_streams_each_get_their_own_id_with_its_type_in_a_burst(tmp_path):
@@ -84,7 +44,7 @@ async def test_five_thousand_streams_each_get_their_own_id_with_its_type_in_a_bu
     }))
     gateway = gateway_process(config).start()
     # Integers and strings spelled the same: 0, "1", 2, "3", ...
-    streams = [RawListen(i if i % 2 == 0 else str(i)) for i in range(STREAMS)]
+    streams = [RawListen(i if i % 2 == 0 else str(i), {"resourceSubscriptions": [URI]}) for i in range(STREAMS)]
     tasks: list[asyncio.Task[None]] = []
     try:
         for start in range(0, STREAMS, 500):  # in batches: a connection storm measures the backlog
@@ -126,7 +86,7 @@ async def test_a_replica_at_its_descriptor_limit_refuses_listens_and_keeps_servi
     config.write_text(yaml.safe_dump({"backends": [{"name": "m", "url": backend.url}],
                                       "observability": {"log_level": "warning"}}))
     gateway = gateway_process(config).start()
-    streams = [RawListen(f"fd-{i}") for i in range(40)]
+    streams = [RawListen(f"fd-{i}", {"resourceSubscriptions": [URI]}) for i in range(40)]
     tasks: list[asyncio.Task[None]] = []
     try:
         assert gateway.proc is not None
