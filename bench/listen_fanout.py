@@ -324,9 +324,9 @@ HEADER = (f"{'N':>7} {'repl':>4} {'upstr':>5} {'all got all':>11} {'open (s)':>8
 
 
 def line(r: dict[str, float]) -> str:
+    cpu = f"{r['cpu_us_per_delivery']:>6.1f} ({r['user_us_per_delivery']:.1f}+{r['sys_us_per_delivery']:.1f})"
     return (f"{r['n']:>7} {r['replicas']:>4} {r['upstreams']:>5} {str(r['complete']):>11} {r['open_s']:>8.1f} "
-            f"{r['cpu_us_per_delivery']:>6.1f} ({r['user_us_per_delivery']:.1f}+{r['sys_us_per_delivery']:.1f})".ljust(21)
-            + f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
+            f"{cpu:<21}{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
             f"{r['last_p99_ms']:>9.1f} {r['rss_per_stream_kb']:>8.1f} KB")
 
 
