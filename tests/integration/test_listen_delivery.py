@@ -11,6 +11,7 @@ import asyncio
 import httpx
 import pytest
 
+from gateway.subscriptions.encoding import Outgoing
 from tests.support.gateway import running_gateway
 from tests.support.listen import ListenReader, RawListen, eventually
 
@@ -72,3 +73,36 @@ async def test_both_http_protocols_deliver_ids_keepalives_and_the_graceful_resul
             assert r.messages[-1] == {"jsonrpc": "2.0", "id": r.id,
                                       "result": {"resultType": "complete", "_meta": {SUB: r.id}}}
             assert len(r.messages) == 3
+
+
+async def test_a_notification_is_encoded_once_per_replica_not_per_stream(mutable_backend, redis_server, monkeypatch):
+    """Two in-process replicas sharing Redis, 20 raw streams on each: one change upstream is
+    encoded once by each replica (encoding.Outgoing.encode) and reaches all 40 streams."""
+    encoded: list[str] = []
+    original = Outgoing.encode
+
+    def counting(self: Outgoing) -> bytes:
+        encoded.append(self.message["method"])
+        return original(self)
+
+    monkeypatch.setattr(Outgoing, "encode", counting)
+    config = {"backends": [{"name": "m", "url": mutable_backend.url}],
+              "subscriptions": {"redis_url": redis_server.url, "linger_seconds": 0.2, "lease_seconds": 1.5}}
+    async with running_gateway(config) as one, running_gateway(config) as two, httpx.AsyncClient() as http:
+        streams = [RawListen(i if i % 2 else str(i), {"toolsListChanged": True}) for i in range(40)]
+        tasks = [asyncio.create_task(s.run((one if i < 20 else two).port)) for i, s in enumerate(streams)]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(s.wait_events(1) for s in streams)), 20)
+            assert encoded == []
+            await http.post(f"http://127.0.0.1:{mutable_backend.port}/change/tools")
+            await asyncio.wait_for(asyncio.gather(*(s.wait_events(2) for s in streams)), 20)
+            assert encoded == [TOOLS_CHANGED, TOOLS_CHANGED]
+            for s in streams:
+                got = s.messages()[1]["params"]["_meta"][SUB]
+                assert got == s.id and type(got) is type(s.id)
+        finally:
+            for s in streams:
+                s.close()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
