@@ -148,7 +148,7 @@ class _DirectStream:
 
     def write_parts(self, before: bytes, middle: bytes, after: bytes) -> None:
         # The fan-out's hot path: one call per client per notification (bench/README.md
-        # "Listen fan-out"), so the common case is checked in as few steps as it takes.
+        # "Listen fan-out at dashboard scale"), so the common case takes few steps.
         exchange = self._exchange
         transport = self._transport
         if exchange.head is not None or exchange.complete or exchange.gone or transport.is_closing():

@@ -7,8 +7,8 @@ with its JSON type (spec §Receiving Notifications: an integer id stays an integ
 string). So the tagged notification is encoded once, as an SSE event, with a placeholder in
 place of the id; the bytes around the placeholder are kept, and a client's event is
 `before + its id as JSON + after`. Encoding per client (a dict copy, `orjson.dumps`, the SSE
-framing) was most of what a delivery cost at 10,000 streams (bench/README.md "Listen
-fan-out").
+framing) was a large part of what a delivery cost at 10,000 streams (bench/README.md "Listen
+fan-out at dashboard scale").
 
 The placeholder is a random string drawn once per process: a backend cannot know it, and the
 splice is used only when it occurs exactly once in the encoding (else the event is encoded

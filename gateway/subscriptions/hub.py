@@ -113,7 +113,7 @@ class ClientListen:
 
     def offer(self, stream_id: str, outgoing: Outgoing) -> None:
         # Once per client per notification: the fan-out's hot path (bench/README.md "Listen
-        # fan-out"), written to take few steps.
+        # fan-out at dashboard scale"), written to take few steps.
         if self._ending is not None:
             return
         granted = self._granted.get(stream_id)
@@ -230,13 +230,17 @@ class ClientListen:
         self.detach()
 
     def keepalive(self) -> None:
-        """A keep-alive comment if nothing was written since the last tick (hub timer)."""
+        """A keep-alive comment if nothing was written for a whole tick (hub timer, every
+        half `server.keepalive_seconds`): quiet streams hear one every `keepalive_seconds`,
+        and none is quiet for longer."""
         channel = self._channel
         if channel is None:
             return
         if self._quiet:
             channel.write(sse.KEEPALIVE)
-        self._quiet = True
+            self._quiet = False  # a write like any other: an idle stream hears one every other tick
+        else:
+            self._quiet = True
 
     # -- the client side: the Reply stream (ASGI send) ------------------------------------
 
