@@ -119,3 +119,35 @@ async def test_a_replica_at_its_descriptor_limit_refuses_listens_and_keeps_servi
         await asyncio.gather(*tasks, return_exceptions=True)
         gateway.stop()
         backend.stop()
+
+
+def _open_files_limit(pid: int) -> tuple[str, str]:
+    for line in open(f"/proc/{pid}/limits").read().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return soft, hard
+    raise AssertionError("no open-files line")
+
+
+async def test_serve_raises_its_soft_descriptor_limit_to_the_hard_one(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"the hard RLIMIT_NOFILE here is {hard}: nothing to raise")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"backends": [{"name": "m", "url": "http://127.0.0.1:9/mcp"}],
+                                      "observability": {"log_level": "info"}}))
+    # The gateway inherits a soft limit of 1,024 (what many parents give) ...
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        gateway = gateway_process(config)
+        gateway.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert gateway.proc is not None
+        # ... and takes every descriptor the hard limit allows, and says so.
+        got_soft, got_hard = _open_files_limit(gateway.proc.pid)
+        assert got_soft == got_hard and got_soft != "1024"
+        assert "soft limit raised from 1024 to the hard limit" in gateway.output()
+    finally:
+        gateway.stop()
