@@ -174,7 +174,12 @@ class McpEndpoint:
         if channel is None:  # the client left before its ack
             await reply.aclose()
             return
-        deliver_to(channel, self.keepalive_seconds)
+        try:
+            deliver_to(channel, self.keepalive_seconds)
+        except BaseException:
+            channel.cut()  # nobody else would ever end a body taken over
+            await reply.aclose()
+            raise
 
     async def _write(self, reply: Reply, call: Call, send: asgi.Send) -> None:
         extra = reply.headers or []

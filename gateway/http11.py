@@ -13,6 +13,11 @@ differently, and why:
   chunk (or the end of the response), instead of a `send()` of its own. Writes go through
   the loop's `WriteBatch` (write_batch.py): sent when the loop pass ends, together with the
   other connections' answers of that pass, so one wake-up of the client serves them all.
+- A long-lived response body can be handed over to the application
+  (`scope["extensions"]["mcp_gateway.direct_stream"]`, direct_stream.py): after
+  `http.response.start` the application takes the body and writes chunks to the transport
+  itself, and its call returns. Listen streams use it: a fan-out is one write per stream in
+  the pass that received the notification, and an idle stream holds no task (`_DirectStream`).
 - Keep-alive without a timer per response: an idle connection notes when it became idle, and
   one sweep per second closes those idle longer than `timeout_keep_alive`. A connection that
   never sends a request counts as idle from the start (uvicorn's stays open). The same sweep
