@@ -297,9 +297,7 @@ class SseFront:
             await self.server(inner, connection.disconnected, relay)
 
     async def _end_session(self, connection: _Connection, session_id: str) -> None:
-        session = self.server.sessions.get(session_id, connection.principal_key)
-        if session is not None:
-            await self.server.sessions.end(session)
+        await self.server.end_session(session_id, connection.principal_key)
 
 
 async def _unknown_session(send: asgi.Send, path: str) -> None:
