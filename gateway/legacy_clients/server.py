@@ -312,13 +312,10 @@ class LegacyClients:
         if self.fleet is not None:
             await self.fleet.stream_opened(session)
         self.notifications.ensure_listener(session)
-        # Primed on every opening, not only the first: the response head goes out with the
-        # first body bytes, so a re-opened stream with nothing new to say was answered only at
-        # the next keep-alive (keepalive_seconds later). The priming event is also the
-        # client's resumption point (L-TR §Sending 6).
-        stream.prime(RETRY_MS)
+        if stream.last_seq == 0:
+            stream.prime(RETRY_MS)
         try:
-            await self._write_sse(session, stream, stream.delivered, receive, send, stop=stop)
+            await self._write_sse(session, stream, stream.delivered, receive, send, stop=stop, flush_head=True)
         finally:
             if session.stream_stop is stop:
                 session.stream_stop = None
@@ -604,12 +601,18 @@ class LegacyClients:
 
     async def _write_sse(
         self, session: LegacySession, stream: EventLog, after: int, receive: asgi.Receive, send: asgi.Send,
-        *, stop: asyncio.Event | None = None,
+        *, stop: asyncio.Event | None = None, flush_head: bool = False,
     ) -> None:
         """Relay `stream` from event `after` until it finishes, the client goes away or `stop`
         is set (a newer GET stream replaced this one), with keep-alive comments on quiet
-        stretches."""
+        stretches. `flush_head`: with no event to send at once, a comment goes out first."""
         await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS})
+        if flush_head and after >= stream.last_seq:
+            # The response head leaves with the first body bytes: a re-opened GET stream with
+            # nothing new to say was answered only at the next keep-alive, keepalive_seconds
+            # later, its client left wondering. A comment is no event: the stream's ids go on
+            # without a gap (L-TR §Resumability).
+            await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
         events = stream.follow(after)
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
