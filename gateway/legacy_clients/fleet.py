@@ -182,6 +182,11 @@ class FleetSessions:
         if session.shared_key and not session.closed:
             await self.shared.release_stream(session.shared_key)
 
+    def notification_stream_of_another_replica(self, stream_id: str) -> bool:
+        """Does `stream_id` name a GET (notification) stream some other replica opened?"""
+        tag, dot, rest = stream_id.partition(".")
+        return bool(dot) and tag + "." != self.stream_tag and rest.startswith("g-")
+
     def stream_held_elsewhere(self, session: LegacySession) -> bool:
         return session.stream_holder not in (None, self.replica_id)
 

@@ -581,6 +581,13 @@ class LegacyClients:
     ) -> None:
         parsed = parse_event_id(last_event_id)
         stream = session.streams.get(parsed[0]) if parsed else None
+        if (stream is None and parsed is not None and self.fleet is not None and self.dispatcher.hub is not None
+                and self.fleet.notification_stream_of_another_replica(parsed[0])):
+            # The session's GET stream was held by another replica (dead, or the balancer sent
+            # the client here): what it had not delivered went with it, and the client gets
+            # the session's notification stream from here on.
+            await self._notification_stream(session, receive, send)
+            return
         if stream is None or parsed is None or not stream.can_resume_after(parsed[1]):
             await _send_error(
                 send,
