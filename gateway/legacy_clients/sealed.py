@@ -66,8 +66,8 @@ class Sealer:
             raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         except (binascii.Error, ValueError):
             return None
-        if len(raw) <= _NONCE_BYTES:
-            return None
+        if len(raw) <= _NONCE_BYTES or base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != body:
+            return None  # one spelling per token: the id is also a dictionary key
         try:
             plain = self._aead.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], purpose)
             payload = orjson.loads(plain)

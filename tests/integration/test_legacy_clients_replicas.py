@@ -57,7 +57,8 @@ async def fleet(redis: RedisServer, backends: list[dict[str, Any]], tmp: Path, *
             port = free_port()
             config = tmp / f"replica{i}.yaml"
             config.write_text(yaml.safe_dump({
-                "server": {"host": "127.0.0.1", "port": port, **server},
+                # An answer that never reaches its call fails the call in 15 s, not 300.
+                "server": {"host": "127.0.0.1", "port": port, "legacy_input_timeout_seconds": 15, **server},
                 "backends": backends,
                 "cache": {"store": "redis", "redis_url": redis.url},
                 "subscriptions": {"linger_seconds": 0},
