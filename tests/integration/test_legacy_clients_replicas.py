@@ -23,6 +23,7 @@ import yaml
 from mcp import Client
 
 from tests.integration.test_legacy_clients_http import hdrs, initialize, rpc, sse_events
+from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint, rsa_key, serve
 from tests.support.procs import Proc, RedisServer, free_port, gateway_process, redis_server_binary
 from tests.support.round_robin import RoundRobinProxy, round_robin
 
@@ -47,8 +48,8 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fleet(redis: RedisServer, backends: list[dict[str, Any]], tmp: Path, **server: Any
-                ) -> AsyncIterator[Fleet]:
+async def fleet(redis: RedisServer, backends: list[dict[str, Any]], tmp: Path, *, extra: dict[str, Any] | None = None,
+                **server: Any) -> AsyncIterator[Fleet]:
     """Two replicas, each advertising its own URL (as deploy/kubernetes does from the pod IP),
     behind the round-robin proxy."""
     replicas: list[Proc] = []
@@ -63,6 +64,7 @@ async def fleet(redis: RedisServer, backends: list[dict[str, Any]], tmp: Path, *
                 "cache": {"store": "redis", "redis_url": redis.url},
                 "subscriptions": {"linger_seconds": 0},
                 "security": {"secret": "replicas-share-this-secret"},
+                **(extra or {}),
             }))
             replicas.append(gateway_process(
                 config, port=port, env={"MCP_GATEWAY_SECURITY__ADVERTISE_URL": f"http://127.0.0.1:{port}/mcp"}
@@ -270,3 +272,32 @@ async def test_the_session_bound_holds_across_replicas(
             assert (await http.post(url, content=rpc("ping"), headers=hdrs(oldest))).status_code == 404
             for session in (*kept, newest):
                 assert (await http.post(url, content=rpc("ping"), headers=hdrs(session))).status_code == 200
+
+
+async def test_a_principals_share_and_binding_hold_across_replicas(
+        redis: RedisServer, backends: list[dict[str, Any]], tmp_path: Path) -> None:
+    """`legacy_max_sessions: 6`: an authenticated principal holds at most 3 sessions in the
+    whole fleet. Alice opening 4, on alternate replicas, ends her own oldest (404 on both
+    replicas); Bob's session lives, and Bob presenting Alice's id on the other replica gets
+    the 404 of an id that never existed."""
+    issuer = Issuer(keys=[rsa_key("replicas")])
+    alice = {"authorization": f"Bearer {issuer.token('alice')}"}
+    bob = {"authorization": f"Bearer {issuer.token('bob')}"}
+    async with serve(JwksEndpoint(issuer)) as jwks:
+        auth = {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "jwks_url": f"{jwks.base}/jwks",
+                "authorization_servers": [ISSUER]}
+        async with (fleet(redis, backends, tmp_path, extra={"auth": auth}, legacy_max_sessions=6) as gw,
+                    httpx.AsyncClient(timeout=20) as http):
+            urls = [r.url for r in gw.replicas]
+
+            async def status(url: str, session: str, who: dict[str, str]) -> int:
+                return (await http.post(url, content=rpc("ping"), headers=hdrs(session, **who))).status_code
+
+            theirs = await initialize(http, urls[0], **bob)
+            mine = [await initialize(http, urls[i % 2], **alice) for i in range(4)]
+            for url in urls:
+                assert [await status(url, s, alice) for s in mine] == [404, 200, 200, 200]
+                assert await status(url, theirs, bob) == 200
+            stolen = await http.post(urls[1], content=rpc("ping"), headers=hdrs(mine[1], **bob))
+            unknown = await http.post(urls[1], content=rpc("ping"), headers=hdrs("v1.AAAAAAAA", **bob))
+            assert stolen.status_code == unknown.status_code == 404 and stolen.content == unknown.content
