@@ -116,7 +116,7 @@ class FleetSessions:
             if state is None and session is not None and not session.recorded:
                 # Created while Redis was away: recorded now, not ended.
                 with contextlib.suppress(SharedUnavailable):
-                    await self.shared.create(key, binding, counted=authenticated, per_principal=self.max_per_principal,
+                    await self.shared.create(key, binding, counted=False, per_principal=self.max_per_principal,
                                              total=self.max_total)
                     session.recorded = True
                     state = LiveState(session.log_level, set(session.subscriptions))
