@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.legacy_clients.fleet")
 
+# Marks a request one replica forwards to another (the marker MRTR retries use too): the
+# receiver serves it itself and never forwards it again.
+FORWARDED_HEADER = "x-mcp-gateway-forwarded"
 # A stream kept open on a replica renews its session's idle clock in Redis this often (at
 # most), so a session that only listens does not expire under its open GET stream.
 _HEARTBEAT_MAX_SECONDS = 60.0
@@ -55,6 +58,7 @@ class FleetSessions:
         self.max_total = max_total
         self._by_key: dict[str, str] = {}  # shared key -> session id, for the events
         self._heartbeat: asyncio.Task[None] | None = None
+        self._forwarder: Any = None
         # Set by the server: what to do when a session's subscriptions or GET stream moved.
         self.on_subscriptions: Callable[[LegacySession], None] = lambda session: None
         self.on_stream_elsewhere: Callable[[LegacySession], None] = lambda session: None
@@ -69,6 +73,17 @@ class FleetSessions:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
         await self.shared.aclose()
+        if self._forwarder is not None:
+            await self._forwarder.aclose()
+
+    def forwarder(self) -> Any:
+        """The HTTP client that relays to other replicas what belongs to them (an answer to a
+        request they parked on a client, an HTTP+SSE POST for a stream they hold)."""
+        if self._forwarder is None:
+            from gateway.backends.http1 import Http1Client
+
+            self._forwarder = Http1Client("gateway-replica", max_connections=64, connect_timeout=5.0)
+        return self._forwarder
 
     # -- sessions ---------------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from gateway.backends.base import internal_call
 from gateway.dispatch import SERVER_INFO, Dispatcher
 from gateway.legacy_clients import translate
 from gateway.legacy_clients.calls import LegacyCallRunner
-from gateway.legacy_clients.fleet import FleetSessions
+from gateway.legacy_clients.fleet import FORWARDED_HEADER, FleetSessions
 from gateway.legacy_clients.notifications import SessionNotifications
 from gateway.legacy_clients.sse_front import OLD_TRANSPORT
 from gateway.legacy_clients.sessions import (
@@ -68,9 +68,6 @@ RETRY_MS = 1000
 # request (L-TR §Sending 6), so without a bound a client could start work, walk away and start
 # more: each a task, a backend call, input requests parked for up to the input timeout.
 MAX_IN_FLIGHT_PER_SESSION = 100
-# Marks a request one replica forwards to another (the same marker as MRTR retries use): the
-# receiver serves it itself and never forwards it again.
-FORWARDED_HEADER = "x-mcp-gateway-forwarded"
 # How long a new GET stream waits for the one it replaces to let go.
 _REPLACE_WAIT_SECONDS = 0.5
 # What of the client's request the replica it is forwarded to needs to authenticate and place it.
@@ -99,7 +96,6 @@ class LegacyClients:
         if self.fleet is not None:
             self.fleet.on_subscriptions = self._subscriptions_changed_elsewhere
             self.fleet.on_stream_elsewhere = self._stream_opened_elsewhere
-        self._forwarder: Any = None
 
     async def start(self) -> None:
         if self.fleet is not None:
@@ -109,8 +105,6 @@ class LegacyClients:
         await self.sessions.aclose()
         if self.fleet is not None:
             await self.fleet.aclose()
-        if self._forwarder is not None:
-            await self._forwarder.aclose()
 
     async def _session(self, session_id: str, scope: asgi.Scope) -> LegacySession | None:
         """The caller's live session `session_id`, or None (404)."""
@@ -413,19 +407,16 @@ class LegacyClients:
         """The answer belongs to a request another replica parked on the client: relay it
         there, as an MRTR retry is relayed to the replica holding its call (docs/legacy.md),
         and give the client that replica's verdict."""
-        from gateway.backends.http1 import Http1Client  # only fleets forward
-
+        assert self.fleet is not None
         if owner.startswith("unadvertised:"):
             await _send_error(send, rpc.invalid_request(
                 f"the request {answer_id!r} was sent by another gateway replica that advertises no address "
                 "(security.advertise_url is unset there), so this answer cannot reach it"))
             return
-        if self._forwarder is None:
-            self._forwarder = Http1Client("gateway-replica", max_connections=64, connect_timeout=5.0)
         forwarded = {name: headers[name] for name in _FORWARD_HEADERS if name in headers}
         forwarded[FORWARDED_HEADER] = "1"
         try:
-            response = await self._forwarder.post(owner, body, forwarded, read_timeout=10.0)
+            response = await self.fleet.forwarder().post(owner, body, forwarded, read_timeout=10.0)
             answer = await response.read()
         except rpc.McpError as exc:
             log.warning("forwarding a legacy client's answer to %s failed: %s", owner, exc.message)

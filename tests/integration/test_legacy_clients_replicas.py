@@ -21,6 +21,7 @@ import mcp_types as types
 import pytest
 import yaml
 from mcp import Client
+from mcp.client.sse import sse_client
 
 from tests.integration.test_legacy_clients_http import hdrs, initialize, rpc, sse_events
 from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint, rsa_key, serve
@@ -301,3 +302,28 @@ async def test_a_principals_share_and_binding_hold_across_replicas(
             stolen = await http.post(urls[1], content=rpc("ping"), headers=hdrs(mine[1], **bob))
             unknown = await http.post(urls[1], content=rpc("ping"), headers=hdrs("v1.AAAAAAAA", **bob))
             assert stolen.status_code == unknown.status_code == 404 and stolen.content == unknown.content
+
+
+async def test_an_http_sse_client_through_round_robin_has_its_posts_forwarded_to_its_stream(
+        redis: RedisServer, backends: list[dict[str, Any]], tmp_path: Path) -> None:
+    """HTTP+SSE (2024-11-05): the stream is one connection to one replica, which alone can
+    write the answers; a POST the balancer sends to the other replica is forwarded there (the
+    endpoint's session_id is sealed and names it). Lists, a call and an elicitation answered
+    through the other replica."""
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"username": "ada", "email": "ada@example.com"})
+
+    async with fleet(redis, backends, tmp_path) as gw:
+        base = gw.url.removesuffix("/mcp")
+        async with (asyncio.timeout(60),  # a POST lost on the wrong replica would leave the client waiting
+                    Client(sse_client(f"{base}/sse"), mode="legacy", elicitation_callback=elicit) as client):
+            tools = await client.list_tools()
+            assert "conf__test_simple_text" in {t.name for t in tools.tools}
+            assert not (await client.call_tool("conf__test_simple_text", {})).is_error
+            result = await client.call_tool("conf__test_elicitation", {"message": "Who are you?"})
+            assert asked == ["Who are you?"] and not result.is_error
+        posts = [r.upstream for r in gw.proxy.log if r.http_method == "POST"]
+        assert len(posts) >= 5 and set(posts) == {0, 1}  # half of them reached the stream's other replica
