@@ -321,6 +321,10 @@ class SessionStore:
             self._release(replaced)
             if replaced is not session:
                 self._closing(replaced)
+        for idle in [s for s in self._sessions.values() if self._expired(s)]:
+            del self._sessions[idle.id]
+            self._release(idle)
+            self._closing(idle)
         while len(self._sessions) >= self.max_sessions:
             _, oldest = self._sessions.popitem(last=False)
             self._release(oldest)
