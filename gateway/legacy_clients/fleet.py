@@ -64,6 +64,12 @@ class FleetSessions:
         self.on_stream_elsewhere: Callable[[LegacySession], None] = lambda session: None
 
     async def start(self) -> None:
+        log.info("legacy client sessions are shared by the fleet (sealed ids, state in Redis): any replica serves them")
+        if not self.owner_url.startswith(("http://", "https://")):
+            log.warning("security.advertise_url is not set and server.host names no address other replicas can "
+                        "reach: an answer to an elicitation, sampling or roots request of this replica, or an "
+                        "HTTP+SSE POST for a stream it holds, that the balancer sends to another replica cannot "
+                        "be forwarded here (set MCP_GATEWAY_SECURITY__ADVERTISE_URL)")
         await self.shared.start(self._on_event, self._on_resync)
         self._heartbeat = asyncio.create_task(self._renew_active(), name="legacy-sessions-heartbeat")
 
