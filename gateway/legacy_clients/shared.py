@@ -58,6 +58,17 @@ class LiveState:
     stream_holder: str | None = None
 
 
+# A request's read of its session: the state, the idle clock of both keys restarted, in one
+# command (both keys share a hash tag: one Cluster slot). An ended session reads as nil.
+_TOUCH = """
+local fields = redis.call('HGETALL', KEYS[1])
+if #fields == 0 then return false end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return {fields, redis.call('SMEMBERS', KEYS[2])}
+"""
+
+
 class SharedSessions:
     def __init__(self, url: str, *, prefix: str, idle_seconds: float, replica_id: str,
                  timeout_seconds: float = 0.5) -> None:
@@ -76,6 +87,7 @@ class SharedSessions:
         # The subscriber idles as long as nothing changes: no read timeout.
         self._sub_client = redis.Redis.from_url(url, socket_connect_timeout=timeout_seconds)
         self._release_stream = self._client.register_script(_RELEASE_STREAM)
+        self._touch = self._client.register_script(_TOUCH)
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self._warned = False
@@ -198,25 +210,25 @@ class SharedSessions:
         return [m.decode() for m in members if m.decode() != spare][:count]
 
     async def touch(self, key: str, binding: str) -> LiveState | None:
-        """The session's state, its idle clock restarted; None when it has ended (deleted,
-        expired, evicted) anywhere in the fleet. Raises SharedUnavailable."""
+        """The session's state, its idle clock restarted and its place in the
+        least-recently-used orders moved up; None when it has ended (deleted, expired,
+        evicted) anywhere in the fleet. One round trip. Raises SharedUnavailable."""
         base, subs = self._session_keys(key)
         now = time.time()
         try:
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(base)
-                pipe.smembers(subs)
-                pipe.pexpire(base, self.idle_ms)
-                pipe.pexpire(subs, self.idle_ms)
+                await self._touch(keys=[base, subs], args=[self.idle_ms], client=pipe)
                 pipe.zadd(self._all, {key: now}, xx=True)
                 pipe.zadd(self._principal_set(binding), {key: now}, xx=True)
-                fields, members, *_ = await pipe.execute()
+                found, *_ = await pipe.execute()
         except self._errors as exc:
             raise self._trouble("reading a session", exc) from None
         self._ok()
-        if not fields:
+        if not found:
             await self._forget(key, binding)
             return None
+        flat, members = found
+        fields = dict(zip(flat[::2], flat[1::2]))
         level = fields.get(b"lvl", b"").decode() or None
         holder = fields.get(b"g", b"").decode() or None
         return LiveState(level, {m.decode() for m in members}, holder)
