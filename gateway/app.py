@@ -100,7 +100,8 @@ class GatewayApp:
             max_sessions=server.legacy_max_sessions,
             keepalive_seconds=server.keepalive_seconds,
             input_timeout_seconds=server.legacy_input_timeout_seconds,
-            fleet=fleet_from_settings(settings),  # sessions any replica serves (secret + Redis)
+            # Sessions any replica serves (secret + Redis).
+            fleet=fleet_from_settings(settings, self.runtime.replica.owner),
         ) if server.legacy_clients else None
         endpoint = McpEndpoint(
             self.runtime.dispatcher,

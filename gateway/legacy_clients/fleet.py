@@ -270,11 +270,11 @@ class FleetSessions:
                     await self.store.end(session)
 
 
-def fleet_from_settings(settings: GatewaySettings) -> Callable[[SessionStore], FleetSessions] | None:
+def fleet_from_settings(settings: GatewaySettings, owner_url: str) -> Callable[[SessionStore], FleetSessions] | None:
     """Sessions any replica can serve need a key all replicas share (`security.secret`) and a
     Redis they share (the listen bus's: `subscriptions.redis_url`, else the cache's). Without
-    either, None: each replica keeps its own sessions in memory, as a single replica does."""
-    from gateway.backends.legacy.mrtr import owner_url
+    either, None: each replica keeps its own sessions in memory, as a single replica does.
+    `owner_url` is this replica's address for forwarded answers (`Runtime.replica.owner`)."""
     from gateway.subscriptions import redis_url_of
 
     secret = settings.security.secret
@@ -288,7 +288,7 @@ def fleet_from_settings(settings: GatewaySettings) -> Callable[[SessionStore], F
     def build(store: SessionStore) -> FleetSessions:
         shared = SharedSessions(url, prefix=settings.subscriptions.redis_key_prefix,
                                 idle_seconds=server.legacy_session_idle_seconds, replica_id=replica_id)
-        return FleetSessions(store, Sealer(secret.encode()), shared, owner_url=owner_url(settings),
+        return FleetSessions(store, Sealer(secret.encode()), shared, owner_url=owner_url,
                              max_per_principal=share, max_total=server.legacy_max_sessions)
 
     return build
