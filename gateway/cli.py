@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any
 
-from gateway import __version__
+from gateway import __version__, descriptors
 from gateway.settings import CONFIG_ENV, ConfigError, GatewaySettings, load_settings
 
 log = logging.getLogger("gateway")
@@ -99,6 +99,8 @@ async def _serve(settings: GatewaySettings) -> None:
     from gateway.lifecycle import Lifecycle, Listener, run_until_stopped
     from gateway.preflight import find_problems
 
+    # Listen streams hold a descriptor each: take every one the hard limit allows.
+    descriptors.raise_soft_limit()
     server_settings = settings.server
     demo_server = None
     if settings.demo or not settings.backends:

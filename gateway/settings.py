@@ -333,6 +333,22 @@ class ForwardedHeader(_Frozen):
         return self.to or self.from_
 
 
+class RootSettings(_Frozen):
+    """One root an initialize-era backend is told about when it asks `roots/list` outside a
+    client request (legacy schema `Root`: a `file://` URI and an optional display name)."""
+
+    uri: str
+    name: str | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _file_uri(cls, v: str) -> str:
+        # 2025-11-25 schema Root.uri: "This *must* start with file:// for now."
+        if not v.startswith("file://"):
+            raise ValueError(f"{v!r} is not a file:// URI (a root must be one)")
+        return v
+
+
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
@@ -401,6 +417,10 @@ class BackendSettings(_Frozen):
     max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
+    # Initialize-era backends that ask `roots/list` outside any client request (at start-up,
+    # say) get these; empty: an empty list. Asked during a client's call, the question goes
+    # to that client (MRTR) as before. docs/legacy.md "Roots".
+    roots: tuple[RootSettings, ...] = ()
 
     @field_validator("url")
     @classmethod
@@ -613,6 +633,20 @@ class SubscriptionSettings(_Frozen):
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
     lease_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Backends that cannot listen (listen refused, or an ack that honours less than asked):
+    # the stream's holder polls their lists and subscribed resources instead, each every
+    # ttlMs of its last answer, bounded by these, and notifies on a change
+    # (docs/subscriptions.md "Backends without listen"). false: such backends stay silent.
+    poll_fallback: bool = True
+    poll_min_seconds: Annotated[float, Field(gt=0)] = 5.0
+    poll_max_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+    @model_validator(mode="after")
+    def _poll_bounds(self) -> SubscriptionSettings:
+        if self.poll_max_seconds < self.poll_min_seconds:
+            raise ValueError(f"poll_max_seconds ({self.poll_max_seconds:g}) must be at least poll_min_seconds "
+                             f"({self.poll_min_seconds:g})")
+        return self
 
 
 class GatewaySettings(BaseSettings):

@@ -11,6 +11,7 @@
 #   - Node 22 and the conformance suite (scripts/node22.sh, scripts/conformance.sh)
 #   - tini (Debian package: the image's PID 1, run by tests/deploy) and the deployment
 #     validators' venv (scripts/deploy-tools.sh); without them those tests skip, saying why
+#   - @modelcontextprotocol/server-filesystem from npm (scripts/server-filesystem.sh)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,6 +59,9 @@ if DEPLOY_TOOLS_BIN="$(bash scripts/deploy-tools.sh)"; then
 else
     echo "the deployment validators could not be installed: their tests will skip" >&2
 fi
+step "@modelcontextprotocol/server-filesystem (npm; its test skips without it)"
+MCPGW_SERVER_FILESYSTEM="$(PATH="$NODE22_BIN:$PATH" bash scripts/server-filesystem.sh)"
+export MCPGW_SERVER_FILESYSTEM
 
 step "pytest"
 exec "$venv/bin/python" -m pytest "$@"

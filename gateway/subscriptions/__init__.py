@@ -2,6 +2,7 @@
 
     hub.py       client streams: plan, attach, acknowledge, fan out, limits, shutdown
     upstream.py  one shared upstream listen per stream key: lease, reconnect, gaps
+    poll.py      listen by polling, for backends that cannot (run by the stream's holder)
     bus.py       events between replicas (Redis pub/sub) and the lease election
     filters.py   SubscriptionFilter values: parse, union, intersection, URI matching
 """

@@ -51,9 +51,7 @@ class LegacyBackend(Backend):
         # A call waits for a free session about as long as it would wait to connect.
         # Who the gateway is toward the backend; sessions read their owner's headers live.
         self.credentials = credentials_for(settings)
-        self.pool = SessionPool(self.name, lambda capabilities, owner: self._new_session(
-                                    capabilities, self.credentials.session_headers(owner)),
-                                size=settings.session_pool_size,
+        self.pool = SessionPool(self.name, self._configured_session, size=settings.session_pool_size,
                                 idle_seconds=settings.session_idle_seconds,
                                 wait_seconds=settings.connect_timeout_seconds)
         self.listens = LegacyListens(self)
@@ -78,6 +76,13 @@ class LegacyBackend(Backend):
 
     def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]:
         return translate.session_capabilities(client_capabilities)
+
+    def _configured_session(self, capabilities: dict[str, Any], owner: str) -> LegacySession:
+        """`_new_session` carrying `owner`'s credential headers, told what answers a
+        `roots/list` asked outside any client request."""
+        session = self._new_session(capabilities, self.credentials.session_headers(owner))
+        session.standalone_roots = tuple(root.model_dump(exclude_none=True) for root in self.settings.roots)
+        return session
 
     async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:
         """Start whatever carries notifications unrelated to requests (HTTP: the GET stream):
@@ -287,6 +292,12 @@ class LegacyBackend(Backend):
         missing = translate.missing_capability(message, call.client_capabilities)
         if missing is None:
             pending[f"r{message['id']}"] = message
+            return None
+        if method == "roots/list":
+            # The session declared roots for every client (stdio: one session for all), not
+            # because this client did: the gateway answers what it promised, with the
+            # configured roots, as it does outside a request, instead of failing the call.
+            await _respond(session, message["id"], result={"roots": list(session.standalone_roots)})
             return None
         # Never a hang: refuse it (and whatever else waits) upstream, stop the call, tell
         # the client what it lacks.
