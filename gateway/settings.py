@@ -199,11 +199,20 @@ class _TokenEndpoint(_Frozen):
     # How the client authenticates at the token endpoint: HTTP Basic (RFC 6749 §2.3.1, the
     # default every server supports) or the two form fields.
     client_auth: Literal["basic", "post"] = "basic"
+    # PEM bundle trusted for an https token_url instead of the system's (a private CA).
+    ca_file: str | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
     # A token is refreshed this long before its expires_in runs out (in the background while
     # the old one still serves); a token without expires_in is kept this long at most.
     refresh_before_seconds: Annotated[float, Field(ge=0)] = 60.0
     default_lifetime_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: str | None) -> str | None:
+        if v is not None and not os.path.isfile(v):
+            raise ValueError(f"{v} is not a readable file")
+        return v
 
     @field_validator("token_url")
     @classmethod

@@ -24,6 +24,7 @@ import base64
 import collections
 import hashlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -80,8 +81,9 @@ class TokenEndpoint:
     """Form POSTs to one token endpoint, authenticated as one client (or none)."""
 
     def __init__(self, url: str, *, client_id: str | None, client_secret: str | None, client_auth: str,
-                 timeout: float) -> None:
+                 timeout: float, ca_file: str | None = None) -> None:
         self.url = url
+        self._verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
         self._client_id = client_id
         self._client_secret = client_secret
         self._client_auth = client_auth
@@ -102,7 +104,7 @@ class TokenEndpoint:
                 form["client_id"] = self._client_id
                 form["client_secret"] = self._client_secret or ""
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
+            self._http = httpx.AsyncClient(timeout=self._timeout, follow_redirects=False, verify=self._verify)
         try:
             response = await self._http.post(self.url, data=form, headers=headers)
         except httpx.TimeoutException:
@@ -301,7 +303,8 @@ class ClientCredentials(BackendCredentials):
         assert isinstance(auth, ClientCredentialsAuth)
         self._endpoint = TokenEndpoint(auth.token_url, client_id=auth.client_id,
                                        client_secret=auth.client_secret.get_secret_value(),
-                                       client_auth=auth.client_auth, timeout=auth.timeout_seconds)
+                                       client_auth=auth.client_auth, timeout=auth.timeout_seconds,
+                                       ca_file=auth.ca_file)
         form = {"grant_type": GRANT_CLIENT_CREDENTIALS, "scope": auth.scope, "audience": auth.audience,
                 "resource": auth.resource}
         self.source = TokenSource(lambda: self._endpoint.token(dict(form)), refresh_before=auth.refresh_before_seconds,
@@ -340,7 +343,7 @@ class TokenExchange(BackendCredentials):
         self._endpoint = TokenEndpoint(
             auth.token_url, client_id=auth.client_id,
             client_secret=auth.client_secret.get_secret_value() if auth.client_secret is not None else None,
-            client_auth=auth.client_auth, timeout=auth.timeout_seconds)
+            client_auth=auth.client_auth, timeout=auth.timeout_seconds, ca_file=auth.ca_file)
         self._actor_endpoint: TokenEndpoint | None = None
         if auth.actor is not None:
             self._actor_source = self._actor_token_source(auth.actor, auth)
@@ -357,7 +360,7 @@ class TokenExchange(BackendCredentials):
         self._actor_endpoint = endpoint = TokenEndpoint(
             actor.token_url or auth.token_url, client_id=actor.client_id,
             client_secret=actor.client_secret.get_secret_value(), client_auth=auth.client_auth,
-            timeout=auth.timeout_seconds)
+            timeout=auth.timeout_seconds, ca_file=auth.ca_file)
         form = {"grant_type": GRANT_CLIENT_CREDENTIALS, "scope": actor.scope, "audience": actor.audience,
                 "resource": actor.resource}
         return TokenSource(lambda: endpoint.token(dict(form)), refresh_before=auth.refresh_before_seconds,

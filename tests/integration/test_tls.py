@@ -225,3 +225,25 @@ def test_sighup_reloads_the_listeners_certificate(pki, tmp_path):
         assert "reloading" in proc.output() and "the current certificate keeps serving" in proc.output()
     finally:
         proc.stop()
+
+
+@in_module_loop
+async def test_a_token_endpoint_behind_a_private_ca_is_trusted_through_auth_ca_file(pki, plain_backend):
+    from tests.support.oauth import AuthorizationServer
+
+    authz = AuthorizationServer({"gw": "gw-secret"})
+    served = ServedApp(authz, ssl_certfile=pki["server"].cert_file, ssl_keyfile=pki["server"].key_file)
+    await served.start()
+    try:
+        auth = {"type": "oauth_client_credentials", "token_url": f"{served.base}/token", "client_id": "gw",
+                "client_secret": "gw-secret"}
+        settings = gateway(f"{plain_backend.base}/mcp", None)
+        settings["backends"][0]["auth"] = auth
+        async with running_gateway(settings, discover=False) as gw:
+            assert (await tools_list(gw.url)).status_code == 502  # the system store does not know the CA
+        settings["backends"][0]["auth"] = {**auth, "ca_file": pki["ca"].ca_file}
+        async with running_gateway(settings, discover=False) as gw:
+            assert (await tools_list(gw.url)).status_code == 200
+        assert len(authz.requests) == 1
+    finally:
+        await served.stop()
