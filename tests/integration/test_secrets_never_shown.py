@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gateway.settings import ConfigError, load_settings
-from tests.integration.test_backend_credentials import CLIENT_ID, GuardedBackend, call
+from tests.integration.test_backend_credentials import CLIENT_ID, GuardedBackend
 from tests.support.oauth import AuthorizationServer, ServedApp
 
 HEADER_SECRET = "hdr-SECRET-a1b2c3d4e5"
