@@ -297,7 +297,10 @@ class AuthorizationServer:
     async def _token(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        form = {k: str(v) for k, v in (await request.form()).items()}
+        from urllib.parse import parse_qsl
+
+        # RFC 6749 §4.4.2 / RFC 8693 §2.1: application/x-www-form-urlencoded.
+        form = dict(parse_qsl((await request.body()).decode(), keep_blank_values=True))
         grant = form.get("grant_type", "")
         self.requests.append((grant, form))
         if self.delay_seconds:
