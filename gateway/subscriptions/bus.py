@@ -11,7 +11,9 @@ one holding that stream's lease.
   (`SET NX PX`, renewed by its holder with a compare-and-set script), the holder's latest
   upstream ack (so replicas that join later can acknowledge their clients), and a sorted set
   of the replicas that still want the stream (so a holder whose own clients left keeps the
-  upstream open for the others instead of forcing a handover).
+  upstream open for the others instead of forcing a handover). A stream's three keys share a
+  Redis Cluster hash tag, so the lease scripts stay in one slot; on Cluster the channel is
+  sharded (SPUBLISH/SSUBSCRIBE). Any shape of Redis works (gateway/redis_client).
 
 Redis trouble never stops notifications: a replica that cannot reach Redis holds its own
 upstream listens and delivers locally (each replica works alone until Redis is back), and
@@ -29,11 +31,14 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from gateway.redis_pubsub import close_subscription, subscribe_forever
+from gateway.redis_client.pubsub import close_subscription, subscribe_forever
+
+if TYPE_CHECKING:
+    from gateway.redis_client.plan import RedisPlan
 
 log = logging.getLogger("gateway.subscriptions.bus")
 
@@ -126,26 +131,29 @@ return 0
 
 
 class RedisBus:
-    def __init__(self, url: str, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
+    def __init__(self, plan: RedisPlan, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
                  replica_id: str | None = None) -> None:
-        import redis.asyncio as redis  # imported here: a gateway without Redis never needs it
+        # Imported here: a gateway without Redis never needs redis-py.
+        from redis.exceptions import RedisError
 
-        from gateway.cache.redis import redacted
+        from gateway.redis_client.clients import client_for, publish, slot_tag
 
-        self._redis_errors = (redis.RedisError, OSError)
-        self.url = url
-        # For logs: the URL may carry the Redis password (`redis://:secret@host`).
-        self._shown_url = redacted(url)
+        self._redis_errors = (RedisError, OSError)
+        self._publish, self._slot_tag = publish, slot_tag
+        self.plan = plan
+        # For logs: the plan without its credentials.
+        self._shown_url = plan.describe()
         self.prefix = f"{prefix}:listen"
         self.channel = f"{self.prefix}:events"
         self.lease_ms = max(1, int(lease_seconds * 1000))
         # Renew three times per lease: one lost renewal does not lose the lease.
         self.tick_seconds = lease_seconds / 3
         self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_seconds,
-                                            socket_connect_timeout=timeout_seconds)
+        # A retry or two within the timeout: a failover's first refused connection is followed
+        # by the promoted master (Sentinel) or a fresh slot map (Cluster).
+        self._client = client_for(plan, timeout=timeout_seconds, connect_timeout=timeout_seconds, retries=2)
         # The subscriber connection idles for as long as nothing changes: no read timeout.
-        self._sub_client = redis.Redis.from_url(url, socket_connect_timeout=timeout_seconds)
+        self._sub_client = client_for(plan, timeout=None, connect_timeout=timeout_seconds, keepalive=True)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
         self._handler: Handler | None = None
@@ -155,7 +163,7 @@ class RedisBus:
         self._warned = False
 
     def _keys(self, stream: str) -> tuple[str, str, str]:
-        base = f"{self.prefix}:{stream}"
+        base = self._slot_tag(f"{self.prefix}:{stream}")
         return f"{base}:holder", f"{base}:ack", f"{base}:want"
 
     def _trouble(self, what: str, exc: BaseException) -> None:
@@ -210,7 +218,7 @@ class RedisBus:
         assert self._handler is not None, "bus not started"
         if self._subscribed.is_set():
             try:
-                await self._client.publish(self.channel, orjson.dumps(event))
+                await self._publish(self._client, self.channel, orjson.dumps(event))
                 self._ok()
                 return
             except self._redis_errors as exc:

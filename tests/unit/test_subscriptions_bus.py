@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 
 from gateway.subscriptions.bus import LocalBus, RedisBus
+from tests.support.redis_shapes import plan_for
 
 
 async def _never() -> None:
@@ -16,7 +17,7 @@ async def _never() -> None:
 
 class Replica:
     def __init__(self, url: str, name: str, lease: float = 0.6) -> None:
-        self.bus = RedisBus(url, prefix="test", lease_seconds=lease, replica_id=name)
+        self.bus = RedisBus(plan_for(url), prefix="test", lease_seconds=lease, replica_id=name)
         self.events: list[dict] = []
         self.resyncs = 0
 
@@ -132,7 +133,7 @@ async def test_a_handler_failure_does_not_end_the_subscription(redis_server):
     # One bad event (or a bug in a handler) must not silence the replica for good.
     import redis.asyncio as aioredis
 
-    from gateway.redis_pubsub import subscribe_forever
+    from gateway.redis_client.pubsub import subscribe_forever
 
     client = aioredis.from_url(redis_server.url)
     seen: list[bytes] = []
@@ -209,7 +210,7 @@ async def test_a_damaged_or_foreign_ack_in_redis_reads_as_no_ack(redis_server):
     admin = aioredis.from_url(redis_server.url)
     try:
         assert await a.bus.acquire("s1") and await a.bus.renew("s1", {"f": {"toolsListChanged": True}})
-        ack_key = "test:listen:s1:ack"
+        ack_key = "{test:listen:s1}:ack"
         for foreign in (b"not json", b"[1, 2]", b'"ack"', b"null"):
             await admin.set(ack_key, foreign)
             assert await b.bus.read_ack("s1") is None

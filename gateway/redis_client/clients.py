@@ -1,0 +1,85 @@
+"""redis-py clients for a plan, the same way for every user (the cache, the listen bus, the
+cache admin commands; later the rate limiter).
+
+- standalone: `redis.asyncio.Redis` on a TCP host or a unix socket.
+- Sentinel: `Sentinel(...).master_for(service_name)`. Its pool asks the Sentinels for the
+  master on every new connection, so after a failover the next connection reaches the
+  promoted master (and a demoted one answering READONLY is dropped), with no restart.
+- Cluster: `RedisCluster` from the seed nodes; it follows MOVED/ASK, re-reads the slot map
+  when a node is lost, and a master's promoted replica takes its slots.
+
+Callers choose the timeouts and the retries: the cache wants none (a slow Redis is a bypass,
+not a wait), the bus a few.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff, NoBackoff
+
+from gateway.redis_client.plan import RedisPlan
+
+AnyRedis = aioredis.Redis | RedisCluster
+
+
+def _retry(retries: int) -> Retry:
+    return Retry(NoBackoff(), 0) if retries <= 0 else Retry(ExponentialBackoff(cap=0.5, base=0.02), retries)
+
+
+def _tls_options(plan: RedisPlan) -> dict[str, Any]:
+    if not plan.tls:
+        return {}
+    return {"ssl": True, "ssl_ca_certs": plan.ca_file, "ssl_certfile": plan.cert_file,
+            "ssl_keyfile": plan.key_file, "ssl_cert_reqs": "required"}
+
+
+def client_for(plan: RedisPlan, *, timeout: float | None, connect_timeout: float, retries: int = 0,
+               keepalive: bool = False) -> AnyRedis:
+    """A client for commands (`timeout` per command; None: wait as long as it takes, for a
+    subscriber). Nothing connects until the first command."""
+    common: dict[str, Any] = {
+        "username": plan.username, "password": plan.password,
+        "socket_timeout": timeout, "socket_connect_timeout": connect_timeout,
+        "socket_keepalive": keepalive, "retry": _retry(retries),
+    }
+    if plan.shape == "cluster":
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in plan.hosts],
+            # The slots of a lost master are uncovered until its replica takes over: the
+            # client keeps serving the other slots meanwhile instead of refusing them all.
+            require_full_coverage=False,
+            # Each command is bounded by the caller's own timeout; a few topology refreshes
+            # within it are how a failover is followed.
+            cluster_error_retry_attempts=max(retries, 1),
+            **common, **_tls_options(plan),
+        )
+    if plan.shape == "sentinel":
+        sentinel_options: dict[str, Any] = {
+            "socket_timeout": connect_timeout, "socket_connect_timeout": connect_timeout,
+            "username": plan.sentinel_username, "password": plan.sentinel_password, **_tls_options(plan),
+        }
+        sentinel = Sentinel(list(plan.hosts), sentinel_kwargs=sentinel_options, **_tls_options(plan))
+        return sentinel.master_for(plan.service_name or "", db=plan.db, **common)
+    if plan.unix_path is not None:
+        return aioredis.Redis(unix_socket_path=plan.unix_path, db=plan.db, **common)
+    (host, port), = plan.hosts
+    return aioredis.Redis(host=host, port=port, db=plan.db, **common, **_tls_options(plan))
+
+
+async def publish(client: AnyRedis, channel: str, data: bytes | str) -> int:
+    """PUBLISH, or SPUBLISH on Cluster: sharded pub/sub keeps a channel's messages on the shard
+    that owns its slot instead of broadcasting every message to every node (Redis 7)."""
+    if isinstance(client, RedisCluster):
+        return int(await client.spublish(channel, data))
+    return int(await client.publish(channel, data))
+
+
+def slot_tag(*parts: str) -> str:
+    """A Redis Cluster hash tag: keys that start with the same `{...}` share one slot, so a
+    multi-key command or a script over them works on Cluster (and costs nothing elsewhere)."""
+    return "{" + ":".join(parts) + "}"
