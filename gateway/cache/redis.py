@@ -36,12 +36,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import orjson
-from redis.exceptions import RedisError
 
 from gateway.cache.entry import Entry, StoreUnavailable
 from gateway.cache.keys import backend_of_tag, backend_slot, backend_tag
 from gateway.observability import metrics
-from gateway.redis_client.clients import client_for, publish
+from gateway.redis_client.clients import FAILURES, client_for, publish
 from gateway.redis_client.plan import RedisPlan
 from gateway.redis_client.pubsub import close_subscription, subscribe_forever
 
@@ -141,7 +140,7 @@ class RedisStore:
         try:
             async with asyncio.timeout(timeout or self.timeout):
                 return await work()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (*FAILURES, TimeoutError) as exc:
             self._down_until = time.monotonic() + self.retry_seconds
             metrics.CACHE_STORE_ERRORS.labels("redis", operation).inc()
             self._warn(

@@ -21,10 +21,14 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
 
 from gateway.redis_client.plan import RedisPlan
 
 AnyRedis = aioredis.Redis | RedisCluster
+# Everything a Redis command can fail with. redis-py raises its client-side Cluster errors
+# (CROSSSLOT keys, no node for a slot) as RedisClusterException, outside RedisError.
+FAILURES: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
 
 
 def _retry(retries: int) -> Retry:
@@ -53,9 +57,6 @@ def client_for(plan: RedisPlan, *, timeout: float | None, connect_timeout: float
             # The slots of a lost master are uncovered until its replica takes over: the
             # client keeps serving the other slots meanwhile instead of refusing them all.
             require_full_coverage=False,
-            # Each command is bounded by the caller's own timeout; a few topology refreshes
-            # within it are how a failover is followed.
-            cluster_error_retry_attempts=max(retries, 1),
             **common, **_tls_options(plan),
         )
     if plan.shape == "sentinel":

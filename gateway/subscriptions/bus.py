@@ -134,11 +134,9 @@ class RedisBus:
     def __init__(self, plan: RedisPlan, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
                  replica_id: str | None = None) -> None:
         # Imported here: a gateway without Redis never needs redis-py.
-        from redis.exceptions import RedisError
+        from gateway.redis_client.clients import FAILURES, client_for, publish, slot_tag
 
-        from gateway.redis_client.clients import client_for, publish, slot_tag
-
-        self._redis_errors = (RedisError, OSError)
+        self._redis_errors = FAILURES
         self._publish, self._slot_tag = publish, slot_tag
         self.plan = plan
         # For logs: the plan without its credentials.

@@ -60,7 +60,9 @@ class RedisCluster:
             port = free_port()
             d = self.workdir / str(port)
             d.mkdir()
+            # The cluster bus port on a free port of its own (by default it is port + 10000).
             self.nodes.append(_node(port, d, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                    "--cluster-port", str(free_port()),
                                     "--cluster-node-timeout", str(node_timeout_ms),
                                     # A replica that lost its master a moment ago may still take over.
                                     "--cluster-replica-validity-factor", "0", name=f"redis-cluster-{i}"))
@@ -69,9 +71,12 @@ class RedisCluster:
         for node in self.nodes:
             node.start()
         hosts = [f"127.0.0.1:{n.port}" for n in self.nodes]
-        subprocess.run(["redis-cli", "--cluster", "create", *hosts, "--cluster-replicas",
-                        str(self.replicas_per_master), "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
+        created = subprocess.run(["redis-cli", "--cluster", "create", *hosts, "--cluster-replicas",
+                                  str(self.replicas_per_master), "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=60)
+        if created.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-2000:]} {created.stderr[-2000:]}")
         _wait(self.healthy, 30, "the cluster did not reach cluster_state:ok")
         return self
 
