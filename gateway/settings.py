@@ -228,6 +228,9 @@ class RedisSettings(_Frozen):
     `service_name`, or `cluster: true` + seed `nodes`. The rules live in
     gateway/redis_client/plan.py, so check-config and serve apply the same ones."""
 
+    # A URL may carry a password: validation errors never echo the input.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
     # redis:// rediss:// unix:// | redis+sentinel://h1:26379,h2:26379/service/db |
     # redis+cluster://h1:6379,h2:6379. Unset: redis://127.0.0.1:6379/0 unless the explicit
     # forms below are used.
@@ -263,6 +266,8 @@ class RedisSettings(_Frozen):
 
 
 class CacheSettings(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
+
     store: Literal["memory", "redis", "none"] = "memory"
     # The cache's own Redis; unset: the top-level `redis:` block. `redis_url` is the short
     # form of `redis: {url: ...}`, kept for existing configs.
@@ -381,6 +386,8 @@ class ObservabilitySettings(_Frozen):
 class SubscriptionSettings(_Frozen):
     """The subscriptions/listen hub (docs/subscriptions.md)."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
+
     # Client listen streams one replica accepts, in total and per principal.
     max_listens: Annotated[int, Field(gt=0)] = 10_000
     max_listens_per_principal: Annotated[int, Field(gt=0)] = 1_000
@@ -424,7 +431,9 @@ def _section_redis(block: RedisSettings | None, url: str | None) -> RedisSetting
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True,
+        # Inputs may hold secrets (a Redis URL's password, an HMAC key): errors never echo them.
+        hide_input_in_errors=True,
     )
 
     server: ServerSettings = ServerSettings()
