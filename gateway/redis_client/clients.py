@@ -39,7 +39,7 @@ def _tls_options(plan: RedisPlan) -> dict[str, Any]:
     if not plan.tls:
         return {}
     return {"ssl": True, "ssl_ca_certs": plan.ca_file, "ssl_certfile": plan.cert_file,
-            "ssl_keyfile": plan.key_file, "ssl_cert_reqs": "required"}
+            "ssl_keyfile": plan.key_file, "ssl_cert_reqs": "required", "ssl_check_hostname": True}
 
 
 def client_for(plan: RedisPlan, *, timeout: float | None, connect_timeout: float, retries: int = 0,

@@ -159,6 +159,11 @@ class RedisBus:
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self._warned = False
+        # Streams held here only because their lease could not be read or written. On Cluster
+        # the lease's slot may be on a lost master while the channel's is not: every replica
+        # then holds the stream, and if each published to the bus every client would hear each
+        # event once per replica. Their events are delivered locally instead, as in an outage.
+        self._held_alone: set[str] = set()
 
     def _keys(self, stream: str) -> tuple[str, str, str]:
         base = self._slot_tag(f"{self.prefix}:{stream}")
@@ -214,7 +219,7 @@ class RedisBus:
 
     async def publish(self, event: Event) -> None:
         assert self._handler is not None, "bus not started"
-        if self._subscribed.is_set():
+        if self._subscribed.is_set() and event.get("k") not in self._held_alone:
             try:
                 await self._publish(self._client, self.channel, orjson.dumps(event))
                 self._ok()
@@ -230,8 +235,10 @@ class RedisBus:
             taken = await self._client.set(holder, self.replica_id, nx=True, px=self.lease_ms)
         except self._redis_errors as exc:
             self._trouble("lease", exc)
+            self._held_alone.add(stream)
             return True  # nobody can coordinate: hold it here
         self._ok()
+        self._held_alone.discard(stream)
         return bool(taken)
 
     async def renew(self, stream: str, ack: Event | None) -> bool:
@@ -241,11 +248,14 @@ class RedisBus:
                                      args=[self.replica_id, self.lease_ms, orjson.dumps(ack) if ack else b""])
         except self._redis_errors as exc:
             self._trouble("lease renewal", exc)
+            self._held_alone.add(stream)
             return True
         self._ok()
+        self._held_alone.discard(stream)
         return bool(kept)
 
     async def release(self, stream: str) -> None:
+        self._held_alone.discard(stream)
         holder, ack_key, _ = self._keys(stream)
         with contextlib.suppress(*self._redis_errors):
             await self._release(keys=[holder, ack_key], args=[self.replica_id])
