@@ -40,7 +40,7 @@ import orjson
 from gateway.cache.entry import Entry, StoreUnavailable
 from gateway.cache.keys import backend_of_tag, backend_slot, backend_tag
 from gateway.observability import metrics
-from gateway.redis_client.clients import FAILURES, client_for, publish
+from gateway.redis_client.clients import FAILURES, brief, client_for, publish
 from gateway.redis_client.plan import RedisPlan
 from gateway.redis_client.pubsub import close_subscription, subscribe_forever
 
@@ -145,7 +145,7 @@ class RedisStore:
             metrics.CACHE_STORE_ERRORS.labels("redis", operation).inc()
             self._warn(
                 f"redis cache at {self.shown} failed ({operation}: "
-                f"{type(exc).__name__}: {exc or 'timeout'}); requests bypass the cache"
+                f"{type(exc).__name__}: {brief(exc) if str(exc) else 'timeout'}); requests bypass the cache"
             )
             raise StoreUnavailable(str(exc)) from None
 
@@ -340,7 +340,7 @@ class RedisStore:
             metrics.CACHE_STORE_ERRORS.labels("redis", "subscribe").inc()
             self._warn(
                 f"redis cache at {self.shown}: invalidation channel lost "
-                f"({type(exc).__name__}: {exc}); reconnecting"
+                f"({type(exc).__name__}: {brief(exc)}); reconnecting"
             )
 
         await subscribe_forever(self._sub_client, self.channel, on_message=self._received,

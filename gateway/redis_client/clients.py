@@ -31,6 +31,15 @@ AnyRedis = aioredis.Redis | RedisCluster
 FAILURES: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
 
 
+def brief(exc: BaseException) -> str:
+    """An error for one log line: redis-py's Sentinel errors embed the repr of every client
+    they tried (kilobytes, credentials already redacted); the first line is what matters."""
+    text = str(exc) or type(exc).__name__
+    cut = text.find(" : <")  # MasterNotFoundError: "No master found for 'x' : <redis...>"
+    text = text[:cut] if cut > 0 else text
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
 def _retry(retries: int) -> Retry:
     return Retry(NoBackoff(), 0) if retries <= 0 else Retry(ExponentialBackoff(cap=0.5, base=0.02), retries)
 
@@ -60,8 +69,10 @@ def client_for(plan: RedisPlan, *, timeout: float | None, connect_timeout: float
             **common, **_tls_options(plan),
         )
     if plan.shape == "sentinel":
+        # Asking the Sentinels is bounded like the rest: redis-py's default retries with
+        # backoff of up to seconds per Sentinel would hold a request (and a shutdown) that long.
         sentinel_options: dict[str, Any] = {
-            "socket_timeout": connect_timeout, "socket_connect_timeout": connect_timeout,
+            "socket_timeout": connect_timeout, "socket_connect_timeout": connect_timeout, "retry": _retry(0),
             "username": plan.sentinel_username, "password": plan.sentinel_password, **_tls_options(plan),
         }
         sentinel = Sentinel(list(plan.hosts), sentinel_kwargs=sentinel_options, **_tls_options(plan))

@@ -134,10 +134,10 @@ class RedisBus:
     def __init__(self, plan: RedisPlan, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
                  replica_id: str | None = None) -> None:
         # Imported here: a gateway without Redis never needs redis-py.
-        from gateway.redis_client.clients import FAILURES, client_for, publish, slot_tag
+        from gateway.redis_client.clients import FAILURES, brief, client_for, publish, slot_tag
 
         self._redis_errors = FAILURES
-        self._publish, self._slot_tag = publish, slot_tag
+        self._publish, self._slot_tag, self._brief = publish, slot_tag, brief
         self.plan = plan
         # For logs: the plan without its credentials.
         self._shown_url = plan.describe()
@@ -173,7 +173,7 @@ class RedisBus:
         # One warning per outage, not one per stream per tick.
         if not self._warned:
             log.warning("redis %s: %s failed (%s); listen streams work per replica until it is back",
-                        self._shown_url, what, exc)
+                        self._shown_url, what, self._brief(exc))
             self._warned = True
 
     def _ok(self) -> None:
