@@ -14,6 +14,7 @@ not a wait), the bus a few.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -40,6 +41,13 @@ def brief(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "…"
 
 
+# A subscriber waits for messages without a read timeout, so a master that vanishes without
+# closing the connection (a host or network lost, not a process) is noticed by TCP keep-alive
+# only: probe after 10 s idle, every 5 s, give up after 3 misses (~25 s, not Linux's 2 h).
+_KEEPALIVE = {getattr(socket, name): value for name, value in
+              (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)) if hasattr(socket, name)}
+
+
 def _retry(retries: int) -> Retry:
     return Retry(NoBackoff(), 0) if retries <= 0 else Retry(ExponentialBackoff(cap=0.5, base=0.02), retries)
 
@@ -60,6 +68,8 @@ def client_for(plan: RedisPlan, *, timeout: float | None, connect_timeout: float
         "socket_timeout": timeout, "socket_connect_timeout": connect_timeout,
         "socket_keepalive": keepalive, "retry": _retry(retries),
     }
+    if keepalive and _KEEPALIVE:
+        common["socket_keepalive_options"] = _KEEPALIVE
     if plan.shape == "cluster":
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in plan.hosts],
