@@ -28,6 +28,7 @@ the subscriber loop reconnects on its own with backoff.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -40,7 +41,7 @@ import orjson
 from gateway.cache.entry import Entry, StoreUnavailable
 from gateway.cache.keys import backend_of_tag, backend_slot, backend_tag
 from gateway.observability import metrics
-from gateway.redis_client.clients import FAILURES, brief, client_for, publish
+from gateway.redis_client.clients import FAILURES, brief, client_for, publish, warm_up
 from gateway.redis_client.plan import RedisPlan
 from gateway.redis_client.pubsub import close_subscription, subscribe_forever
 
@@ -123,6 +124,7 @@ class RedisStore:
         self._down_until = 0.0
         self._warned_at = float("-inf")
         self._listener: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self.on_remote_drop: RemoteDrop | None = None
         self.on_resync: Callable[[], None] | None = None
 
@@ -326,6 +328,7 @@ class RedisStore:
     # -- invalidation subscriber ---------------------------------------------------------------
 
     async def start(self) -> None:
+        self._warming = asyncio.create_task(warm_up(self.client), name="cache-redis-warm-up")
         self._listener = asyncio.create_task(self._listen(), name="cache-invalidations")
 
     async def _listen(self) -> None:
@@ -363,4 +366,8 @@ class RedisStore:
             self.on_remote_drop(tags)
 
     async def aclose(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming
         await close_subscription(self._listener, self.client, self._sub_client)

@@ -14,6 +14,8 @@ not a wait), the bus a few.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 from typing import Any
 
@@ -91,6 +93,20 @@ def client_for(plan: RedisPlan, *, timeout: float | None, connect_timeout: float
         return aioredis.Redis(unix_socket_path=plan.unix_path, db=plan.db, **common)
     (host, port), = plan.hosts
     return aioredis.Redis(host=host, port=port, db=plan.db, **common, **_tls_options(plan))
+
+
+async def warm_up(client: AnyRedis, timeout: float = 5.0) -> None:
+    """Connect before the first request needs it, with more time than a request's budget: on
+    Cluster the first command reads the slot map and connects to every master, which can take
+    longer than a cache lookup may wait (that lookup would bypass the cache). Concurrent
+    commands wait for this discovery rather than start their own. Never raises: a Redis that
+    is down is the requests' business (they bypass it)."""
+    with contextlib.suppress(*FAILURES, TimeoutError):
+        async with asyncio.timeout(timeout):
+            if isinstance(client, RedisCluster):
+                await client.initialize()
+            else:
+                await client.ping()
 
 
 async def publish(client: AnyRedis, channel: str, data: bytes | str) -> int:

@@ -134,10 +134,10 @@ class RedisBus:
     def __init__(self, plan: RedisPlan, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
                  replica_id: str | None = None) -> None:
         # Imported here: a gateway without Redis never needs redis-py.
-        from gateway.redis_client.clients import FAILURES, brief, client_for, publish, slot_tag
+        from gateway.redis_client.clients import FAILURES, brief, client_for, publish, slot_tag, warm_up
 
         self._redis_errors = FAILURES
-        self._publish, self._slot_tag, self._brief = publish, slot_tag, brief
+        self._publish, self._slot_tag, self._brief, self._warm_up = publish, slot_tag, brief, warm_up
         self.plan = plan
         # For logs: the plan without its credentials.
         self._shown_url = plan.describe()
@@ -157,6 +157,7 @@ class RedisBus:
         self._handler: Handler | None = None
         self._on_resync: Resync | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self._warned = False
         # Streams held here only because their lease could not be read or written. On Cluster
@@ -183,6 +184,7 @@ class RedisBus:
 
     async def start(self, handler: Handler, on_resync: Resync) -> None:
         self._handler, self._on_resync = handler, on_resync
+        self._warming = asyncio.create_task(self._warm_up(self._client), name="listen-bus-warm-up")
         self._listener = asyncio.create_task(self._listen(), name="listen-bus-subscriber")
         # Give the subscription a moment so that events published right after start-up are
         # heard; a Redis that is down does not hold start-up back.
@@ -299,4 +301,8 @@ class RedisBus:
         return any(m.decode() != self.replica_id for m in members)
 
     async def aclose(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming
         await close_subscription(self._listener, self._client, self._sub_client)

@@ -147,10 +147,25 @@ def replicas(shape: Shape, counting_backend: Proc, mutable_backend: Proc, legacy
                 "observability": {"log_level": "warning"},
             }))
             procs.append(gateway_process(Path(config), port=port).start())
+        for proc in procs:
+            _until_the_cache_answers(proc)
         yield procs[0], procs[1]
     finally:
         for proc in procs:
             proc.stop()
+
+
+def _until_the_cache_answers(gateway: Proc, timeout: float = 20.0) -> None:
+    """Start-up is over: the replica reaches Redis (a lookup that is not a bypass)."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=10) as http:
+        while True:
+            body = mcp_http.body("resources/read", {"uri": f"count://public/warm-{uuid.uuid4().hex[:8]}"})
+            response = http.post(gateway.url, json=body, headers=mcp_http.headers("resources/read", body["params"]["uri"]))
+            if response.headers.get("x-cache") in ("hit", "miss"):
+                return
+            assert time.monotonic() < deadline, f"{gateway.url} still bypasses the cache after {timeout}s"
+            time.sleep(0.1)
 
 
 def _answer(response: httpx.Response) -> dict[str, Any]:
