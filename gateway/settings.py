@@ -423,7 +423,7 @@ def _one_redis(block: RedisSettings | None, url: str | None) -> None:
         RedisSettings(url=url)  # the same rules as the block
 
 
-def _section_redis(block: RedisSettings | None, url: str | None) -> RedisSettings | None:
+def section_redis(block: RedisSettings | None, url: str | None) -> RedisSettings | None:
     if block is not None:
         return block
     return RedisSettings(url=url) if url is not None else None
@@ -481,11 +481,11 @@ class GatewaySettings(BaseSettings):
 
     def cache_redis(self) -> RedisSettings:
         """The cache's Redis: its own, else the shared block."""
-        return _section_redis(self.cache.redis, self.cache.redis_url) or self.redis
+        return section_redis(self.cache.redis, self.cache.redis_url) or self.redis
 
     def bus_redis(self) -> RedisSettings | None:
         """The listen bus's Redis, or None: each replica alone (docs/subscriptions.md)."""
-        own = _section_redis(self.subscriptions.redis, self.subscriptions.redis_url)
+        own = section_redis(self.subscriptions.redis, self.subscriptions.redis_url)
         if own is not None:
             return own
         if self.cache.store == "redis":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.cache import NoCache, ResponseCache
 from gateway.cache.entry import Store
 from gateway.cache.memory import MemoryStore
-from gateway.settings import CacheSettings, RedisSettings
+from gateway.settings import CacheSettings, RedisSettings, section_redis
 
 # Tag sets (Redis) outlive every entry they index by this margin.
 _TAG_MARGIN_MS = 60_000
@@ -13,10 +13,9 @@ _TAG_MARGIN_MS = 60_000
 
 def redis_of(settings: CacheSettings, shared: RedisSettings | None = None) -> RedisSettings:
     """The cache's Redis: its own block or `redis_url`, else the shared `redis:` block."""
-    if settings.redis is not None:
-        return settings.redis
-    if settings.redis_url is not None:
-        return RedisSettings(url=settings.redis_url)
+    own = section_redis(settings.redis, settings.redis_url)
+    if own is not None:
+        return own
     return shared if shared is not None else RedisSettings()
 
 
