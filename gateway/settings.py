@@ -424,6 +424,7 @@ def _one_redis(block: RedisSettings | None, url: str | None) -> None:
 
 
 def section_redis(block: RedisSettings | None, url: str | None) -> RedisSettings | None:
+    """A section's own Redis: its `redis` block, or its `redis_url` short form; None: neither."""
     if block is not None:
         return block
     return RedisSettings(url=url) if url is not None else None
