@@ -235,18 +235,20 @@ def cmd_cache_flush(args: argparse.Namespace) -> int:
     if settings is None:
         return 1
     from gateway.cache import admin
-    from gateway.cache.redis import redacted
+    from gateway.redis_client import plan_of
 
     if args.backend is not None and args.backend not in {b.name for b in settings.backends}:
         print(f"cache flush: no backend is named {args.backend!r} in the configuration", file=sys.stderr)
         return 1
     try:
-        removed = asyncio.run(admin.flush(settings.cache, args.backend))
+        removed = asyncio.run(admin.flush(settings.cache, args.backend, redis=settings.cache_redis(),
+                                          known_backends=tuple(b.name for b in settings.backends)))
     except admin.NotFlushable as exc:
         print(f"cache flush: {exc}", file=sys.stderr)
         return 1
     except admin.StoreUnavailable as exc:
-        print(f"cache flush: redis at {redacted(settings.cache.redis_url)} is unavailable: {exc}", file=sys.stderr)
+        shown = plan_of(settings.cache_redis()).describe()
+        print(f"cache flush: redis at {shown} is unavailable: {exc}", file=sys.stderr)
         return 1
     what = f"backend {args.backend!r}" if args.backend else "every backend"
     print(f"cache flushed for {what}: {removed} key(s) removed")

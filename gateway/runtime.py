@@ -34,7 +34,7 @@ class Runtime:
             [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends],
             max_uris=settings.server.max_resource_uris,
         )
-        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
+        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
         self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
         self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
         self._discovery: asyncio.Task[None] | None = None

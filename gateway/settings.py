@@ -274,9 +274,73 @@ class CacheRule(_Frozen):
     force_private: bool | None = None
 
 
+# -- Redis ---------------------------------------------------------------------------------
+
+
+class SecretSource(_Frozen):
+    """Where a secret comes from instead of the config file: `{env: VAR}` or `{file: path}`.
+    A small local form until the project has its own secret type (issue 20)."""
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretSource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("set exactly one of 'env' (a variable name) or 'file' (a path)")
+        return self
+
+
+class RedisSettings(_Frozen):
+    """One Redis deployment, in any shape (docs/scale.md): a URL, or explicit `sentinels` +
+    `service_name`, or `cluster: true` + seed `nodes`. The rules live in
+    gateway/redis_client/plan.py, so check-config and serve apply the same ones."""
+
+    # A URL may carry a password: validation errors never echo the input.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    # redis:// rediss:// unix:// | redis+sentinel://h1:26379,h2:26379/service/db |
+    # redis+cluster://h1:6379,h2:6379. Unset: redis://127.0.0.1:6379/0 unless the explicit
+    # forms below are used.
+    url: str | None = None
+    sentinels: tuple[str, ...] = ()  # host:port of each Sentinel
+    service_name: str | None = None  # the master's name in Sentinel
+    cluster: bool = False
+    nodes: tuple[str, ...] = ()  # Cluster seed nodes (host:port); the rest are discovered
+    db: Annotated[int, Field(ge=0)] | None = None
+    username: str | None = None
+    password: SecretStr | SecretSource | None = None
+    # Sentinel's own credentials, when the Sentinels require them (often not the data nodes').
+    sentinel_username: str | None = None
+    sentinel_password: SecretStr | SecretSource | None = None
+    # TLS: on with rediss:// (or tls: true); ca_file verifies the server, cert/key for mTLS.
+    tls: bool | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def __repr_args__(self) -> Any:
+        from gateway.redis_client.plan import redacted
+
+        for name, value in super().__repr_args__():
+            yield name, (redacted(value) if name == "url" and isinstance(value, str) else value)
+
+    @model_validator(mode="after")
+    def _plan(self) -> RedisSettings:
+        from gateway.redis_client.plan import plan_of
+
+        plan_of(self)  # raises ValueError naming what is wrong
+        return self
+
+
 class CacheSettings(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
+
     store: Literal["memory", "redis", "none"] = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # The cache's own Redis; unset: the top-level `redis:` block. `redis_url` is the short
+    # form of `redis: {url: ...}`, kept for existing configs.
+    redis: RedisSettings | None = None
+    redis_url: str | None = None
     # Prefix of every Redis key and the invalidation channel; replicas sharing a cache share it.
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # The in-memory store (store: memory): LRU bounded by entry count and by encoded bytes.
@@ -311,6 +375,7 @@ class CacheSettings(_Frozen):
 
     @model_validator(mode="after")
     def _bounds(self) -> CacheSettings:
+        _one_redis(self.redis, self.redis_url)
         if self.min_ttl_ms > self.max_ttl_ms:
             raise FieldError("min_ttl_ms", f"min_ttl_ms ({self.min_ttl_ms}) is above max_ttl_ms ({self.max_ttl_ms})")
         for i, rule in enumerate(self.rules):
@@ -389,6 +454,8 @@ class ObservabilitySettings(_Frozen):
 class SubscriptionSettings(_Frozen):
     """The subscriptions/listen hub (docs/subscriptions.md)."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
+
     # Client listen streams one replica accepts, in total and per principal.
     max_listens: Annotated[int, Field(gt=0)] = 10_000
     max_listens_per_principal: Annotated[int, Field(gt=0)] = 1_000
@@ -403,7 +470,9 @@ class SubscriptionSettings(_Frozen):
     reconnect_initial_seconds: Annotated[float, Field(gt=0)] = 0.2
     reconnect_max_seconds: Annotated[float, Field(gt=0)] = 15.0
     # Redis for fan-out across replicas and the election of one holder per upstream stream.
-    # Unset: cache.redis_url when cache.store is redis; otherwise each replica works alone.
+    # Unset: the top-level `redis:` block when it is set or cache.store is redis (the cache's
+    # own Redis then); otherwise each replica works alone. `redis_url`: short form.
+    redis: RedisSettings | None = None
     redis_url: str | None = None
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
@@ -423,10 +492,31 @@ class SubscriptionSettings(_Frozen):
                              f"({self.poll_min_seconds:g})")
         return self
 
+    @model_validator(mode="after")
+    def _redis(self) -> SubscriptionSettings:
+        _one_redis(self.redis, self.redis_url)
+        return self
+
+
+def _one_redis(block: RedisSettings | None, url: str | None) -> None:
+    if block is not None and url is not None:
+        raise ValueError("set 'redis' or its short form 'redis_url', not both")
+    if url is not None:
+        RedisSettings(url=url)  # the same rules as the block
+
+
+def section_redis(block: RedisSettings | None, url: str | None) -> RedisSettings | None:
+    """A section's own Redis: its `redis` block, or its `redis_url` short form; None: neither."""
+    if block is not None:
+        return block
+    return RedisSettings(url=url) if url is not None else None
+
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True,
+        # Inputs may hold secrets (a Redis URL's password, an HMAC key): errors never echo them.
+        hide_input_in_errors=True,
     )
 
     server: ServerSettings = ServerSettings()
@@ -436,6 +526,8 @@ class GatewaySettings(BaseSettings):
     security: SecuritySettings = SecuritySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     subscriptions: SubscriptionSettings = SubscriptionSettings()
+    # The Redis every section shares unless it names its own (docs/scale.md).
+    redis: RedisSettings = RedisSettings()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
     demo: bool = False
 
@@ -482,6 +574,19 @@ class GatewaySettings(BaseSettings):
                         f"prefixes {p!r} and {q!r}: a tool name could not be routed unambiguously"
                     )
         return self
+
+    def cache_redis(self) -> RedisSettings:
+        """The cache's Redis: its own, else the shared block."""
+        return section_redis(self.cache.redis, self.cache.redis_url) or self.redis
+
+    def bus_redis(self) -> RedisSettings | None:
+        """The listen bus's Redis, or None: each replica alone (docs/subscriptions.md)."""
+        own = section_redis(self.subscriptions.redis, self.subscriptions.redis_url)
+        if own is not None:
+            return own
+        if self.cache.store == "redis":
+            return self.cache_redis()
+        return self.redis if "redis" in self.model_fields_set else None
 
     def prefix_of(self, backend: BackendSettings) -> str:
         if backend.prefix is not None:

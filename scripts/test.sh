@@ -7,6 +7,7 @@
 # What it installs when missing (each step is idempotent):
 #   - a virtualenv at ${MCPGW_VENV:-.venv} with the gateway and its test extras
 #   - redis-server (Debian package, through apt-get; the tests start their own on free ports)
+#   - redis-sentinel (Debian package; the Sentinel tests fall back to redis-server --sentinel)
 #   - the mcp==1.30.0 virtualenv for legacy fixture servers (scripts/legacy-venv.sh)
 #   - Node 22 and the conformance suite (scripts/node22.sh, scripts/conformance.sh)
 #   - tini (Debian package: the image's PID 1, run by tests/deploy) and the deployment
@@ -40,6 +41,16 @@ if ! command -v redis-server >/dev/null 2>&1; then
     fi
 fi
 redis-server --version >&2
+
+step "redis-sentinel"
+# The Sentinel tests (tests/integration/test_redis_shapes.py) start three Sentinels; without
+# Debian's package they fall back to `redis-server --sentinel`, the same binary.
+if ! command -v redis-sentinel >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-sentinel \
+        || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-sentinel)) >&2 \
+        || echo "redis-sentinel could not be installed; the tests use redis-server --sentinel" >&2
+    (service redis-sentinel stop || true) >/dev/null 2>&1
+fi
 
 step "legacy fixture venv (mcp==1.30.0)"
 LEGACY_PYTHON_BIN="$(bash scripts/legacy-venv.sh)"

@@ -272,21 +272,22 @@ class FleetSessions:
 
 def fleet_from_settings(settings: GatewaySettings, owner_url: str) -> Callable[[SessionStore], FleetSessions] | None:
     """Sessions any replica can serve need a key all replicas share (`security.secret`) and a
-    Redis they share (the listen bus's: `subscriptions.redis_url`, else the cache's). Without
+    Redis they share (the listen bus's: `GatewaySettings.bus_redis()`). Without
     either, None: each replica keeps its own sessions in memory, as a single replica does.
     `owner_url` is this replica's address for forwarded answers (`Runtime.replica.owner`)."""
-    from gateway.subscriptions import redis_url_of
+    from gateway.redis_client.plan import plan_of
 
     secret = settings.security.secret
-    url = redis_url_of(settings)
-    if not secret or not url:
+    redis = settings.bus_redis()
+    if not secret or redis is None:
         return None
+    plan = plan_of(redis)
     server = settings.server
     share = per_principal_share(server.legacy_max_sessions)
     replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     def build(store: SessionStore) -> FleetSessions:
-        shared = SharedSessions(url, prefix=settings.subscriptions.redis_key_prefix,
+        shared = SharedSessions(plan, prefix=settings.subscriptions.redis_key_prefix,
                                 idle_seconds=server.legacy_session_idle_seconds, replica_id=replica_id)
         return FleetSessions(store, Sealer(secret.encode()), shared, owner_url=owner_url,
                              max_per_principal=share, max_total=server.legacy_max_sessions)
