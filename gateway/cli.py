@@ -58,7 +58,10 @@ def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any
         port=settings.server.port,
         lifespan="on",
         log_level=settings.observability.log_level,
-        access_log=settings.observability.access_log,
+        # uvicorn's loggers propagate to the gateway's one handler (observability/logs.py);
+        # its own access line is replaced by the gateway's, which knows the MCP request.
+        log_config=None,
+        access_log=False,
         timeout_graceful_shutdown=settings.server.graceful_shutdown_seconds,
         server_header=False,
         # The hot path (bench/README.md "Profile", "Fourth round"): the gateway's own HTTP/1.1
@@ -117,9 +120,9 @@ async def _serve(settings: GatewaySettings) -> None:
     config = uvicorn_config(app, settings)
     server = GatewayServer(config)
     servers.append(server)
-    print(f"mcp-gateway {__version__} listening on http://{settings.server.host}:{settings.server.port}"
-          f"{settings.server.path} with {len(settings.backends)} backend(s): "
-          f"{', '.join(b.name for b in settings.backends)}", flush=True)
+    log.info("mcp-gateway %s listening on http://%s:%d%s with %d backend(s): %s", __version__,
+             settings.server.host, settings.server.port, settings.server.path, len(settings.backends),
+             ", ".join(b.name for b in settings.backends))
     try:
         await server.serve()
     finally:
@@ -133,11 +136,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     settings = _with_server(settings, host=args.host, port=args.port)
-    logging.basicConfig(level=settings.observability.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every upstream request at INFO: one line per call is noise, not signal.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    from gateway.observability import tracing
+    from gateway.observability import logs, tracing
+
+    logs.configure(settings.observability.log_level, settings.observability.log_format)
 
     tracing.configure(settings.observability.tracing, settings.observability.tracing_exporter)
     try:

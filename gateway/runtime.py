@@ -12,6 +12,7 @@ from gateway.backends.base import Backend
 from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
+from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
@@ -49,10 +50,12 @@ class Runtime:
         async def one(backend: Backend) -> None:
             try:
                 await asyncio.wait_for(backend.discover(max_age=0), timeout)
+                metrics.set_backend_up(backend.name, True)
                 log.info("backend %s: discovered (capabilities: %s)", backend.name,
                          ", ".join(sorted(backend.capabilities or {})) or "none")
             except (rpc.McpError, TimeoutError) as exc:
                 backend.last_error = getattr(exc, "message", None) or f"no answer within {timeout:g}s"
+                metrics.set_backend_up(backend.name, False)
                 log.warning("backend %s: discovery failed: %s", backend.name, backend.last_error)
 
         await asyncio.gather(*(one(b) for b in self.backends))
@@ -90,6 +93,7 @@ class Runtime:
                 report[backend.name] = "ok"
             except (rpc.McpError, TimeoutError) as exc:
                 report[backend.name] = getattr(exc, "message", None) or "timeout"
+            metrics.set_backend_up(backend.name, report[backend.name] == "ok")
 
         await asyncio.gather(*(probe(b) for b in self.backends))
         ready = not self.shutting_down and any(v == "ok" for v in report.values())

@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from gateway.observability import metrics
+
 log = logging.getLogger("gateway.legacy_clients")
 
 Message = dict[str, Any]
@@ -293,6 +295,7 @@ class SessionStore:
         )
         self._sessions[session.id] = session
         self._held[principal_key] += 1
+        metrics.LEGACY_SESSIONS_CREATED.inc()
         return session
 
     def _release(self, session: LegacySession) -> None:
@@ -329,6 +332,7 @@ class SessionStore:
 
     async def sweep(self) -> None:
         for session in [s for s in self._sessions.values() if self._expired(s)]:
+            metrics.LEGACY_SESSIONS_EXPIRED.inc()
             await self.end(session)
 
     async def aclose(self) -> None:

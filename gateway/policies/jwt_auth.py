@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import jwt
 
 from gateway import asgi
+from gateway.observability import metrics
 from gateway.policies.auth import Principal
 from gateway.policies.jwt_config import (
     ScopeRules,
@@ -261,6 +262,7 @@ class JwtAuth:
                                      description=failure.description if failure.error else None)
         # Debug, not info: a 401 is the normal first step of every OAuth client.
         log.debug("auth refused (%d %s): %s", failure.status, failure.error or "no token", failure.description)
+        metrics.count_auth_failure(failure.status, failure.error, failure.description)
         reason = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
                   431: "Request Header Fields Too Large"}[failure.status]
         # 431 (RFC 6585 §5) is about the size of the request, not its credentials: no challenge.

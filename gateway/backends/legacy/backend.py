@@ -24,6 +24,7 @@ from gateway.backends.legacy import mrtr, translate
 from gateway.backends.legacy.listen import LegacyListens
 from gateway.backends.legacy.pool import SessionPool
 from gateway.backends.legacy.session import Exchange, LegacySession
+from gateway.observability.tracing import traced
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call
@@ -97,6 +98,7 @@ class LegacyBackend(Backend):
             return await self._resume(call)
         return await self._call(call)
 
+    @traced(None, translation="legacy-session")
     async def _call(self, call: Call) -> Reply:
         """A fresh backend request for this call, on a warm session."""
         method = call.method
@@ -278,6 +280,7 @@ class LegacyBackend(Backend):
 
     # -- MRTR ---------------------------------------------------------------------------
 
+    @traced("mrtr park", translation="mrtr-minted")
     async def _park(self, call: Call, session: LegacySession, exchange: Exchange,
                     pending: dict[str, Message]) -> Message:
         """The InputRequiredResult that parks this call until the client's retry. Raises
@@ -346,6 +349,7 @@ class LegacyBackend(Backend):
 
         session.spawn(give_up())
 
+    @traced("mrtr resume", translation="mrtr-resumed")
     async def _resume(self, call: Call) -> Reply:
         try:
             state = self.sealer.open(call.params.get("requestState"))

@@ -31,6 +31,7 @@ from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import READ_ERRORS
 from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
+from gateway.observability.tracing import outgoing_headers
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 from gateway.settings import BackendSettings, GatewaySettings
@@ -170,7 +171,7 @@ class SseSession(LegacySession):
 
     async def _post(self, message: Message) -> None:
         assert self.endpoint is not None
-        headers = {**self.static_headers, "content-type": "application/json"}
+        headers = {**self.static_headers, "content-type": "application/json", **outgoing_headers()}
         try:
             response = await self.posts.post(self.endpoint, orjson.dumps(message), headers,
                                              read_timeout=self.connect_timeout)

@@ -34,6 +34,7 @@ from gateway.backends.base import Backend, Message, Reply, internal_call
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.detect import Era, verdict
 from gateway.backends.legacy.session import Exchange, LegacySession, NotificationSink
+from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call
@@ -142,6 +143,8 @@ class StdioProcess:
             else:
                 self._proc = proc
                 self.generation += 1
+                if self.generation > 1:
+                    metrics.STDIO_RESTARTS.labels(self.name).inc()
                 self._started.set()
                 log.info("backend %s: started %r (pid %d)", self.name, self.command[0], proc.pid)
                 stderr = asyncio.ensure_future(self._drain_stderr(proc))
