@@ -65,14 +65,17 @@ class Dispatcher:
         if record is None or record.noted or record.finished:
             return await self._dispatch(call)
         record.noted = True
-        record.method, record.jsonrpc_id, record.version = call.method, call.id, call.version
-        record.name = call.name
+        if record.era == "modern":
+            # An initialize-era client's record names what it sent (read from its body by the
+            # telemetry step), not the modern calls the gateway makes for it.
+            record.method, record.jsonrpc_id, record.version = call.method, call.id, call.version
+            record.name = call.name
+            record.meta = call.meta
         principal = call.principal
         if principal is not None and getattr(principal, "authenticated", False):
             record.subject = principal.subject
         if tracing.enabled() and record.span is None:
-            record.meta = call.meta
-            tracing.open_server_span(record, call.headers, {})
+            tracing.open_server_span(record, call.headers)
         try:
             reply = await self._dispatch(call)
         except rpc.McpError as exc:

@@ -46,7 +46,7 @@ class RequestTelemetry:
         headers = asgi.request_headers(scope)
         header_method = headers.get("mcp-method")
         record = RequestRecord(request_id_from(headers.get("x-request-id")), time.perf_counter(),
-                               "modern" if header_method is not None else "legacy")
+                               "modern" if header_method is not None else "legacy", scope)
         if header_method is not None:
             record.method = metrics.method_label(header_method)
         else:
@@ -108,12 +108,14 @@ class RequestTelemetry:
         children[0].inc()
         children[1].observe(seconds)
         children[2].observe(seconds)
+        if record.era == "legacy" and record.translation is None:
+            record.translation = "legacy-client"
         trace_id = None
         if tracing.enabled():
             if record.span is None:
                 # Never dispatched (refused by a policy, unparseable, answered by the gateway
                 # session itself): the span is made now, with the request's arrival as its start.
-                tracing.open_server_span(record, headers, scope)
+                tracing.open_server_span(record, headers)
             trace_id = format(record.span.get_span_context().trace_id, "032x")
             tracing.close_server_span(record)
         if self.access_log is not None and self.access_log.wants(record):

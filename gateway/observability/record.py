@@ -34,9 +34,10 @@ def request_id_from(header: str | None) -> str:
 class RequestRecord:
     __slots__ = ("request_id", "started", "era", "transport", "method", "name", "jsonrpc_id", "version", "meta",
                  "backend", "cache", "cache_scope", "code", "message", "tool_error", "result_type",
-                 "translation", "subject", "status", "span", "token", "finished", "noted", "tool_label")
+                 "translation", "subject", "status", "span", "token", "finished", "noted", "tool_label", "scope")
 
-    def __init__(self, request_id: str, started: float, era: str) -> None:
+    def __init__(self, request_id: str, started: float, era: str, scope: dict[str, Any]) -> None:
+        self.scope = scope                  # the ASGI scope (client address, HTTP version)
         self.request_id = request_id
         self.started = started
         self.era = era                      # the client's: modern, legacy

@@ -104,7 +104,7 @@ def enabled() -> bool:
 
 # -- the SERVER span ----------------------------------------------------------------------------
 
-def open_server_span(record: RequestRecord, headers: dict[str, str], scope: dict[str, Any]) -> None:
+def open_server_span(record: RequestRecord, headers: dict[str, str]) -> None:
     """Start the request's SERVER span (start time: the request's arrival) and make it current.
     Parent: the context in `params._meta` when there is one, else the HTTP headers' (the
     conventions: "use context extracted from MCP params._meta as a parent ... and link the
@@ -126,7 +126,7 @@ def open_server_span(record: RequestRecord, headers: dict[str, str], scope: dict
                 links.append(Link(http_span, {"mcp.gateway.link": "http"}))
     started_ns = time.time_ns() - int((time.perf_counter() - record.started) * 1e9)
     span = _tracer.start_span(record.method or "mcp", context=parent, kind=SpanKind.SERVER, links=links,
-                              start_time=started_ns, attributes=_server_attributes(record, scope))
+                              start_time=started_ns, attributes=_server_attributes(record, record.scope))
     record.span = span
     record.token = otel_context.attach(trace.set_span_in_context(span, parent))
 
