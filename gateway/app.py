@@ -188,8 +188,8 @@ def _export_gauges(app: GatewayApp) -> None:
     metrics.initialise((b.name, server_address(b.settings).get("server.address", "")) for b in app.runtime.backends)
     clients = app.legacy_clients
     if clients is not None:
-        metrics.gauge_callback("mcp_gateway_legacy_client_sessions", "Open gateway sessions of initialize-era "
-                               "clients.", lambda: [((), float(len(clients.sessions)))])
+        metrics.gauge_callback(metrics.LEGACY_CLIENT_SESSIONS, "Open gateway sessions of initialize-era clients.",
+                               lambda: [((), float(len(clients.sessions)))])
     backends = app.runtime.backends
 
     def backend_sessions() -> list[tuple[tuple[str, ...], float]]:
@@ -202,7 +202,7 @@ def _export_gauges(app: GatewayApp) -> None:
                     out.append(((backend.name,), float(len(pool.sessions()))))
         return out
 
-    metrics.gauge_callback("mcp_gateway_backend_sessions", "Open sessions with initialize-era backends.",
+    metrics.gauge_callback(metrics.BACKEND_SESSIONS, "Open sessions with initialize-era backends.",
                            backend_sessions, ("backend",))
 
 

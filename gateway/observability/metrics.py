@@ -197,6 +197,11 @@ STDIO_RESTARTS = Counter(
     "Backend subprocesses (stdio) started again after they exited.",
     ["backend"],
 )
+CONFIG_RELOADS = Counter(
+    "mcp_gateway_config_reloads_total",
+    "Configuration reloads by result (ok, failed); a failed reload keeps the running configuration.",
+    ["result"],
+)
 BUILD_INFO = Gauge(
     "mcp_gateway_build_info",
     "Always 1; the labels say which gateway build runs.",
@@ -218,6 +223,11 @@ def count_health_check(backend: str, ok: bool) -> None:
 def count_ejection(backend: str) -> None:
     EJECTIONS.labels(backend).inc()
     set_backend_up(backend, False)
+
+
+def count_reload(ok: bool) -> None:
+    """The seam for live reload (issue 18): one reload attempt and whether it was applied."""
+    CONFIG_RELOADS.labels("ok" if ok else "failed").inc()
 
 
 _AUTH_REASONS = {(400, "invalid_request"): "bad_request", (401, None): "missing_token",
@@ -266,6 +276,14 @@ def gauge_callback(name: str, documentation: str, read: Callable[[], Iterable[tu
     _callbacks.sources[name] = (documentation, read, labelnames)
 
 
+# Declared here so that every family is listed in one module; the running app gives them their
+# sources (app.py `_export_gauges`).
+LEGACY_CLIENT_SESSIONS = "mcp_gateway_legacy_client_sessions"
+BACKEND_SESSIONS = "mcp_gateway_backend_sessions"
+gauge_callback(LEGACY_CLIENT_SESSIONS, "Open gateway sessions of initialize-era clients.", lambda: [])
+gauge_callback(BACKEND_SESSIONS, "Open sessions with initialize-era backends.", lambda: [], ("backend",))
+
+
 # -- series made at start-up, so that `rate()` sees the first event ---------------------------
 
 _FORWARDED = ("tools/call", "tools/list", "prompts/get", "prompts/list", "resources/read", "resources/list",
@@ -274,6 +292,7 @@ _FORWARDED = ("tools/call", "tools/list", "prompts/get", "prompts/list", "resour
 
 def initialise(backends: Iterable[tuple[str, str]]) -> None:
     """Zero series for every known method and backend. `backends`: (name, server.address)."""
+    known = list(backends)
     for method in CLIENT_METHODS:
         for era in ("modern", "legacy"):
             REQUESTS.labels(method, era, "2xx", OK)
@@ -281,7 +300,7 @@ def initialise(backends: Iterable[tuple[str, str]]) -> None:
         REQUESTS.labels(method, "modern", "4xx", code_label(rpc.INVALID_PARAMS))
         REQUESTS.labels(method, "modern", "5xx", code_label(rpc.BACKEND_UNAVAILABLE))
         SERVER_OPERATION.labels(method, "", "", "", "tcp")
-    for backend, address in backends:
+    for backend, address in known:
         BACKEND_UP.labels(backend)
         EJECTIONS.labels(backend)
         STDIO_RESTARTS.labels(backend)
@@ -298,3 +317,18 @@ def initialise(backends: Iterable[tuple[str, str]]) -> None:
         AUTH_FAILURES.labels(reason)
     for store, operation in (("redis", "get"), ("redis", "set")):
         CACHE_STORE_ERRORS.labels(store, operation)
+    for result in ("ok", "failed"):
+        CONFIG_RELOADS.labels(result)
+    for method in ("tools/list", "resources/read", "prompts/list", "resources/list"):
+        for scope in ("public", "private"):
+            for outcome in ("hit", "miss", "stale"):
+                CACHE_LOOKUPS.labels(method, scope, outcome)
+    # The subscription hub's and the legacy backends' own families, per known backend too.
+    from gateway.subscriptions import metrics as listen
+
+    for backend, _ in known:
+        for family in (listen.UPSTREAMS, listen.NOTIFICATIONS, listen.GAPS, listen.RECONNECTS, MRTR_PARKED,
+                       BACKEND_SESSIONS_CREATED, BACKEND_SESSIONS_EXPIRED):
+            family.labels(backend)
+    for reason in ("total", "per_principal", "shutdown"):
+        listen.REJECTED.labels(reason)
