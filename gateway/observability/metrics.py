@@ -330,5 +330,9 @@ def initialise(backends: Iterable[tuple[str, str]]) -> None:
         for family in (listen.UPSTREAMS, listen.NOTIFICATIONS, listen.GAPS, listen.RECONNECTS, MRTR_PARKED,
                        BACKEND_SESSIONS_CREATED, BACKEND_SESSIONS_EXPIRED):
             family.labels(backend)
+        for limit in ("total", "per_principal"):
+            MRTR_REFUSED.labels(backend, limit)
     for reason in ("total", "per_principal", "shutdown"):
         listen.REJECTED.labels(reason)
+    for kind in ("lists", "resource", "backend", "flush"):
+        CACHE_INVALIDATIONS.labels(kind)
