@@ -141,6 +141,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(settings.observability.log_level, settings.observability.log_format)
 
     tracing.configure(settings.observability.tracing, settings.observability.tracing_exporter)
+    if settings.observability.otlp_metrics:
+        from gateway.observability import otel_metrics
+
+        otel_metrics.configure(True)
     try:
         import uvloop  # noqa: F401  (uvicorn[standard]: the fast loop)
 

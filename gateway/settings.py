@@ -323,6 +323,9 @@ class ObservabilitySettings(_Frozen):
     # console, or otlp: OTLP/HTTP, from the `otlp` extra (`pip install "mcp-gateway[otlp]"`,
     # in the Docker image), configured by the standard OTEL_EXPORTER_OTLP_* variables.
     tracing_exporter: Literal["console", "otlp"] = "console"
+    # mcp.server/client.operation.duration over OTLP too (OTEL_EXPORTER_OTLP_*; the `otlp`
+    # extra); /metrics has them either way.
+    otlp_metrics: bool = False
 
 
 class SubscriptionSettings(_Frozen):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.observability import metrics, tracing
+from gateway.observability import metrics, otel_metrics, tracing
 from gateway.protocol import jsonrpc as rpc
 
 _GATEWAY_OUTCOMES = {
@@ -21,7 +21,7 @@ _GATEWAY_OUTCOMES = {
     rpc.BACKEND_PROTOCOL_ERROR: "protocol",
 }
 # (backend, method, outcome, code, version, tool) → its metric children: one probe per call.
-_children: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+_children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
 # backend name → (network.transport, server.address) labels, made once.
 _peers: dict[str, tuple[str, str]] = {}
 
@@ -100,11 +100,15 @@ class BackendCall:
                 metrics.CLIENT_OPERATION.labels(self.method, error, self.tool, call.version, transport, address),
                 metrics.TOOL_CALLS.labels(self.backend.name, self.tool or metrics.OTHER, label)
                 if self.method == "tools/call" else None,
+                otel_metrics.attributes(self.method, error, self.tool, call.version, transport, address),
             )
+        seconds = time.perf_counter() - self.started
         children[0].inc()
-        children[1].observe(time.perf_counter() - self.started)
+        children[1].observe(seconds)
         if children[2] is not None:
             children[2].inc()
+        if otel_metrics.client_duration is not None:
+            otel_metrics.client_duration.record(seconds, children[3])
         if self.span is not None:
             tracing.close_client_span(self.span, code, message, tool_error)
             self.span = None

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway import asgi
-from gateway.observability import metrics, tracing
+from gateway.observability import metrics, otel_metrics, tracing
 from gateway.observability.logs import AccessLog
 from gateway.observability.record import CURRENT, RequestRecord, request_id_from
 
@@ -36,7 +36,7 @@ class RequestTelemetry:
         self.max_body_bytes = max_body_bytes
         # label tuple → its loop-owned metric children: one dict probe per request instead of
         # several label lookups (every label set is bounded: metrics.py).
-        self._children: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+        self._children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or (
@@ -100,14 +100,18 @@ class RequestTelemetry:
         children = self._children.get(key)
         if children is None:
             error = {metrics.OK: "", metrics.OTHER: "_OTHER", metrics.NONE: str(record.status)}.get(code, code)
+            version = _version_label(record.version)
             children = self._children[key] = (
                 metrics.requests_child(method, record.era, metrics.status_label(record.status), code),
                 metrics.request_seconds_child(method, record.era),
-                metrics.SERVER_OPERATION.labels(method, error, tool, _version_label(record.version), "tcp"),
+                metrics.SERVER_OPERATION.labels(method, error, tool, version, "tcp"),
+                otel_metrics.attributes(method, error, tool, version, "tcp"),
             )
         children[0].inc()
         children[1].observe(seconds)
         children[2].observe(seconds)
+        if otel_metrics.server_duration is not None:
+            otel_metrics.server_duration.record(seconds, children[3])
         if record.era == "legacy" and record.translation is None:
             record.translation = "legacy-client"
         trace_id = None
