@@ -26,42 +26,43 @@ _counter = count(1)
 
 
 def request_id_from(header: str | None) -> str:
-    if header is not None and len(header) <= MAX_REQUEST_ID and _REQUEST_ID.fullmatch(header):
+    if header is not None and len(header) <= MAX_REQUEST_ID and header.isascii() and (
+            header.isalnum() or _REQUEST_ID.fullmatch(header)):
         return header
     return f"{_PREFIX}-{next(_counter):x}"
 
 
 class RequestRecord:
-    __slots__ = ("request_id", "started", "era", "transport", "method", "name", "jsonrpc_id", "version", "meta",
-                 "backend", "cache", "cache_scope", "code", "message", "tool_error", "result_type",
-                 "translation", "subject", "status", "span", "token", "finished", "noted", "tool_label", "scope")
+    """Defaults are class attributes and `__init__` sets four: the record is made for every
+    request, and setting two dozen slots cost more than the rest of the telemetry step."""
+
+    tool_error = False   # a result with isError: true
+    transport = "streamable-http"  # or "sse" (HTTP+SSE clients)
+    method: str | None = None       # the JSON-RPC method, as the client sent it
+    name: str | None = None         # tool/prompt name (client-facing) or resource URI
+    jsonrpc_id: Any = None
+    version: str | None = None      # MCP protocol version
+    meta: dict[str, Any] | None = None
+    backend: str | None = None
+    cache: str | None = None        # hit, miss, stale, bypass
+    cache_scope: str | None = None
+    code: int | None = None         # the JSON-RPC error code of the answer
+    message: str | None = None      # and its message
+    result_type: str | None = None
+    translation: str | None = None  # legacy-session, legacy-client, mrtr-minted, ...
+    subject: str | None = None
+    tool_label: str | None = None   # the tool's metric label, when the route table knows it
+    status = 500
+    span: Any = None
+    token: Any = None               # the OTel context token while the span is current
+    finished = False
+    noted = False                   # a call was noted (the first dispatch of the request)
 
     def __init__(self, request_id: str, started: float, era: str, scope: dict[str, Any]) -> None:
-        self.scope = scope                  # the ASGI scope (client address, HTTP version)
         self.request_id = request_id
         self.started = started
-        self.era = era                      # the client's: modern, legacy
-        self.transport = "streamable-http"  # or "sse" (HTTP+SSE clients)
-        self.method: str | None = None      # the JSON-RPC method, as the client sent it
-        self.name: str | None = None        # tool/prompt name (client-facing) or resource URI
-        self.jsonrpc_id: Any = None
-        self.version: str | None = None     # MCP protocol version
-        self.meta: dict[str, Any] | None = None
-        self.backend: str | None = None
-        self.cache: str | None = None       # hit, miss, stale, bypass
-        self.cache_scope: str | None = None
-        self.code: int | None = None        # the JSON-RPC error code of the answer
-        self.message: str | None = None     # and its message
-        self.tool_error = False             # a result with isError: true
-        self.result_type: str | None = None
-        self.translation: str | None = None  # legacy-session, mrtr-minted, ...
-        self.subject: str | None = None
-        self.status = 500
-        self.span: Any = None
-        self.token: Any = None              # the OTel context token while the span is current
-        self.finished = False
-        self.noted = False                  # a call was noted (the first dispatch of the request)
-        self.tool_label: str | None = None  # the tool's metric label, when the route table knows it
+        self.era = era                  # the client's: modern, legacy
+        self.scope = scope              # the ASGI scope (client address, HTTP version)
 
     def note_answer(self, message: dict[str, Any] | None) -> None:
         """The JSON-RPC outcome of the final answer: its error, or isError/resultType."""
