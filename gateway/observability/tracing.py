@@ -54,7 +54,9 @@ def configure(enabled: bool, exporter: str = "console", *, span_exporter: SpanEx
     takes effect for the gateway's spans."""
     global _tracer, _provider
     if _provider is not None:
-        _provider.shutdown()
+        # Flushed, not shut down: shutting the provider down would stop its exporter, which a
+        # caller may hand to the next `configure` (tests do).
+        _provider.force_flush()
         _provider = None
     if not enabled:
         _tracer = None
@@ -151,7 +153,9 @@ def close_server_span(record: RequestRecord) -> None:
     span = record.span
     if span is None:
         return
-    method = record.method or "mcp"
+    # A method the gateway does not know is "other", in the name and the attribute alike: both
+    # must stay low-cardinality whatever a client sends.
+    method = metrics.method_label(record.method)
     target = record.name if method in ("tools/call", "prompts/get") and record.name else None
     span.update_name(f"{method} {target}" if target else method)
     attributes: dict[str, Any] = {"mcp.method.name": method, "http.response.status_code": record.status}
@@ -322,6 +326,14 @@ def current_trace_id() -> str | None:
         return None
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
+
+
+def note_retry(attempt: int, reason: str) -> None:
+    """A backend retries the call: an event on the current CLIENT span (the backend's retry loop
+    runs inside one `backend.send`; per-attempt spans come with issue 18's retry policy)."""
+    if _tracer is not None:
+        trace.get_current_span().add_event("retry", {"mcp.gateway.attempt": attempt, "mcp.gateway.retry.reason":
+                                                     reason[:200]})
 
 
 def traced(name: str | None, *, translation: str | None = None) -> Callable[[F], F]:

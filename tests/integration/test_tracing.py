@@ -69,7 +69,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gateway(modern, legacy_http, spans) -> AsyncIterator[Any]:
     settings = {"backends": [
-        {"name": "m", "url": modern.url, "era": "modern"},
+        {"name": "m", "url": modern.url, "era": "modern", "resource_prefixes": ["scripted://modern/"]},
         {"name": "l", "url": legacy_http.url, "era": "legacy"},
         {"name": "s", "command": [legacy_venv.legacy_python(), str(FIXTURE_SERVERS / "legacy_everything.py"),
                                   "--stdio"], "era": "legacy"},
@@ -85,6 +85,13 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture
+def reconfigures(spans) -> Iterator[None]:
+    """For a test that configures tracing itself: the module's exporter is back afterwards."""
+    yield
+    tracing.configure(True, span_exporter=spans)
 
 
 def _hex(value: int, width: int) -> str:
@@ -311,7 +318,7 @@ async def test_a_request_refused_before_dispatch_still_has_its_span(gateway, cli
     assert server.attributes["error.type"] == "-32600" and server.status.status_code is StatusCode.ERROR
 
 
-def test_tracing_off_makes_no_spans_and_sends_only_the_request_id():
+def test_tracing_off_makes_no_spans_and_sends_only_the_request_id(reconfigures):
     tracing.configure(False)
     assert not tracing.enabled()
     assert tracing.outgoing_headers() == {}
@@ -319,7 +326,7 @@ def test_tracing_off_makes_no_spans_and_sends_only_the_request_id():
         assert span is None
 
 
-def test_the_console_exporter_writes_one_json_line_per_span_to_stderr(capsys):
+def test_the_console_exporter_writes_one_json_line_per_span_to_stderr(reconfigures, capsys):
     tracing.configure(True, "console")
     try:
         for name in ("first", "second"):
@@ -350,7 +357,7 @@ def test_the_resource_honours_otel_service_name_and_resource_attributes(monkeypa
     assert tracing.resource(Resource).attributes["service.name"] == "sidecar-b"
 
 
-def test_the_sampler_follows_otel_traces_sampler(monkeypatch):
+def test_the_sampler_follows_otel_traces_sampler(reconfigures, monkeypatch):
     exporter = InMemorySpanExporter()
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
@@ -415,3 +422,15 @@ async def test_spans_reach_an_otlp_collector_with_the_configured_service(modern,
     assert attributes["service.name"] == "fleet-a" and attributes["deployment.environment"] == "test"
     assert scoped.scope.name == "mcp-gateway" and scoped.scope.version == __version__
     assert sys.executable  # the gateway ran as `python -m gateway serve`
+
+
+async def test_a_retried_read_shows_its_retry_on_the_client_span(gateway, client, spans):
+    spans.clear()
+    # The scripted backend answers 503 to the first attempt of a flaky/ URI; reads are retried.
+    response = await mcp_http.post(client, gateway.url, "resources/read", {"uri": "scripted://modern/flaky/trace-1"},
+                                   meta={**META_CONTEXT, "progressToken": "bypass-the-cache"})
+    assert response.status_code == 200, response.text
+    call = _one(_trace(spans, TRACE_ID), SpanKind.CLIENT, "resources/read")
+    [retry] = [e for e in call.events if e.name == "retry"]
+    assert retry.attributes["mcp.gateway.attempt"] == 2 and "503" in retry.attributes["mcp.gateway.retry.reason"]
+    assert call.status.status_code is StatusCode.UNSET
