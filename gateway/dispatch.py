@@ -74,13 +74,19 @@ class Dispatcher:
         principal = call.principal
         if principal is not None and getattr(principal, "authenticated", False):
             record.subject = principal.subject
+        token = None
         if tracing.enabled() and record.span is None:
-            tracing.open_server_span(record, call.headers)
+            # Current while this call's work runs here (its CLIENT and INTERNAL spans are its
+            # children); the telemetry step ends it when the answer is sent.
+            token = tracing.attach(tracing.open_server_span(record, call.headers))
         try:
             reply = await self._dispatch(call)
         except rpc.McpError as exc:
             record.code, record.message = exc.code, exc.message
             raise
+        finally:
+            if token is not None:
+                tracing.detach(token)
         if record.backend is None:
             record.backend = reply.backend
         record.note_answer(reply.message)

@@ -54,7 +54,6 @@ class RequestRecord:
     tool_label: str | None = None   # the tool's metric label, when the route table knows it
     status = 500
     span: Any = None
-    token: Any = None               # the OTel context token while the span is current
     finished = False
     noted = False                   # a call was noted (the first dispatch of the request)
 

@@ -106,8 +106,9 @@ def enabled() -> bool:
 
 # -- the SERVER span ----------------------------------------------------------------------------
 
-def open_server_span(record: RequestRecord, headers: dict[str, str]) -> None:
-    """Start the request's SERVER span (start time: the request's arrival) and make it current.
+def open_server_span(record: RequestRecord, headers: dict[str, str]) -> Any:
+    """Start the request's SERVER span (start time: the request's arrival); returns the context
+    to make current (`attach`) while the request's work runs, in the task that runs it.
     Parent: the context in `params._meta` when there is one, else the HTTP headers' (the
     conventions: "use context extracted from MCP params._meta as a parent ... and link the
     ambient context"); the HTTP context becomes a link when both are there and differ."""
@@ -130,7 +131,11 @@ def open_server_span(record: RequestRecord, headers: dict[str, str]) -> None:
     span = _tracer.start_span(record.method or "mcp", context=parent, kind=SpanKind.SERVER, links=links,
                               start_time=started_ns, attributes=_server_attributes(record, record.scope))
     record.span = span
-    record.token = otel_context.attach(trace.set_span_in_context(span, parent))
+    return trace.set_span_in_context(span, parent)
+
+
+def attach(ctx: Any) -> Any:
+    return otel_context.attach(ctx)
 
 
 def _server_attributes(record: RequestRecord, scope: dict[str, Any]) -> dict[str, Any]:
@@ -180,12 +185,6 @@ def close_server_span(record: RequestRecord) -> None:
         span.set_status(Status(StatusCode.ERROR, record.message or error))
     span.set_attributes(attributes)
     span.end()
-    if record.token is not None:
-        try:
-            otel_context.detach(record.token)
-        except ValueError:  # ended in another context than the one it started in: nothing to restore
-            pass
-        record.token = None
 
 
 def gateway_attributes(record: RequestRecord) -> dict[str, Any]:
@@ -275,10 +274,8 @@ def close_client_span(span: Any, code: int | None, message: str | None, tool_err
 
 
 def detach(token: Any) -> None:
-    try:
-        otel_context.detach(token)
-    except ValueError:
-        pass
+    """Undo `attach`, in the same task (context) that attached."""
+    otel_context.detach(token)
 
 
 def _backend_transport(settings: Any) -> str:
