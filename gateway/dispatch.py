@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from gateway import __version__
@@ -63,24 +63,25 @@ class Dispatcher:
         is known."""
         record = CURRENT.get()
         if record is None or record.noted or record.finished:
-            return await self._dispatch(call)
+            return await self._route(call)
         record.noted = True
         if record.era == "modern":
             # An initialize-era client's record names what it sent (read from its body by the
             # telemetry step), not the modern calls the gateway makes for it.
             record.method, record.jsonrpc_id, record.version = call.method, call.id, call.version
             record.name = call.name
-            record.meta = call.meta
         principal = call.principal
         if principal is not None and getattr(principal, "authenticated", False):
             record.subject = principal.subject
         token = None
         if tracing.enabled() and record.span is None:
+            if record.era == "modern":
+                record.meta = call.meta
             # Current while this call's work runs here (its CLIENT and INTERNAL spans are its
             # children); the telemetry step ends it when the answer is sent.
             token = tracing.attach(tracing.open_server_span(record, call.headers))
         try:
-            reply = await self._dispatch(call)
+            reply = await self._route(call)
         except rpc.McpError as exc:
             record.code, record.message = exc.code, exc.message
             raise
@@ -92,24 +93,26 @@ class Dispatcher:
         record.note_answer(reply.message)
         return reply
 
-    async def _dispatch(self, call: Call) -> Reply:
+    def _route(self, call: Call) -> Awaitable[Reply]:
+        """The handler's coroutine for this call, not awaited: `dispatch` awaits it, so the
+        record's bookkeeping adds no coroutine frame per request."""
         method = call.method
         if method == "server/discover":
-            return await self._discover(call)
+            return self._discover(call)
         spec = call.spec
         assert spec is not None
         if spec.list_key is not None:
-            return await self._list(call)
+            return self._list(call)
         if method in ("tools/call", "prompts/get"):
-            return await self._named(call)
+            return self._named(call)
         if method == "resources/read":
-            return await self._read(call)
+            return self._read(call)
         if method == "completion/complete":
-            return await self._complete(call)
+            return self._complete(call)
         if method == "subscriptions/listen":
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
-            return await self.hub.listen(call, self.table.targets)
+            return self.hub.listen(call, self.table.targets)
         raise rpc.method_not_found(method, call.id)
 
     # -- capability view of the fleet -----------------------------------------------------

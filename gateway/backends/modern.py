@@ -61,7 +61,7 @@ class ModernHttpBackend(Backend):
         for key, value in call.headers.items():
             if key.startswith(h.PARAM_PREFIX) or key in _RELAYED:
                 headers[key] = value
-        headers.update(tracing.outgoing_headers())  # the gateway's CLIENT span, X-Request-Id
+        tracing.add_outgoing_headers(headers)  # the gateway's CLIENT span, X-Request-Id
         return headers
 
     async def send(self, call: Call) -> Reply:

@@ -24,6 +24,8 @@ _GATEWAY_OUTCOMES = {
 _children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
 # backend name → (network.transport, server.address) labels, made once.
 _peers: dict[str, tuple[str, str]] = {}
+# (backend, method) → the time-to-first-byte histogram child.
+_first_byte: dict[tuple[str, str], Any] = {}
 
 
 def _peer(backend: Any) -> tuple[str, str]:
@@ -44,15 +46,20 @@ class BackendCall:
         self.span = None
         self.token = None
         self.done = False
-        if tracing.enabled():
+        if tracing._tracer is not None:
             self.span, self.token, call = tracing.open_client_span(backend, call)
         self.call = call
         self.started = time.perf_counter()
 
     def sent(self, message: Any) -> None:
         """The backend's answer has started; `message` is the whole answer when not a stream."""
-        metrics.backend_seconds_child(self.backend.name, self.method).observe(time.perf_counter() - self.started)
-        self._detach()
+        key = (self.backend.name, self.method)
+        child = _first_byte.get(key)
+        if child is None:
+            child = _first_byte[key] = metrics.backend_seconds_child(*key)
+        child.observe(time.perf_counter() - self.started)
+        if self.token is not None:
+            self._detach()
         if message is not None:
             self.complete(message)
 

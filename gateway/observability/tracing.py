@@ -306,16 +306,19 @@ def internal_span(name: str, **attributes: Any) -> Iterator[Any]:
         yield span
 
 
-def outgoing_headers() -> dict[str, str]:
-    """traceparent/tracestate/baggage for an upstream call made inside the current span, and the
-    request's X-Request-Id (what every backend kind that speaks HTTP adds to its headers)."""
-    carrier: dict[str, str] = {}
+def add_outgoing_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Add traceparent/tracestate/baggage for an upstream call made inside the current span, and
+    the request's X-Request-Id, to `headers` (what every backend kind that speaks HTTP sends)."""
     if _tracer is not None:
-        inject(carrier)
+        inject(headers)
     record = CURRENT.get()
     if record is not None:
-        carrier["x-request-id"] = record.request_id
-    return carrier
+        headers["x-request-id"] = record.request_id
+    return headers
+
+
+def outgoing_headers() -> dict[str, str]:
+    return add_outgoing_headers({})
 
 
 def current_trace_id() -> str | None:

@@ -29,7 +29,7 @@ import orjson
 from gateway.backends import http1
 from gateway.backends.legacy.session import Exchange, LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.upstream import UpstreamClient, UpstreamResponse, describe
-from gateway.observability.tracing import outgoing_headers
+from gateway.observability.tracing import add_outgoing_headers
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -128,7 +128,7 @@ class HttpSession(LegacySession):
                 headers["mcp-session-id"] = self.session_id
             if self.version in _VERSIONED:
                 headers["mcp-protocol-version"] = self.version
-        headers.update(outgoing_headers())  # the gateway's CLIENT span, X-Request-Id
+        add_outgoing_headers(headers)  # the gateway's CLIENT span, X-Request-Id
         return headers
 
     async def _post(self, message: Message, *, initialize: bool = False) -> Response:
