@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
@@ -97,7 +98,30 @@ def _exporter(exporter: str) -> SpanExporter:
                                "opentelemetry-exporter-otlp-proto-http: pip install 'mcp-gateway[otlp]'") from None
         return OTLPSpanExporter()
     # One line per span, on stderr: stdout carries the logs, one JSON object per line.
-    return ConsoleSpanExporter(out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n")
+    return ConsoleSpanExporter(out=sys.stderr, formatter=span_line)
+
+
+def span_line(span: Any) -> str:
+    """One span as one JSON line: the fields of the SDK's `to_json` that say what happened
+    (without the resource, the same on every line), encoded by orjson: `to_json` cost ~5x more
+    per span, in the exporter thread that shares the interpreter with the requests."""
+    ctx = span.context
+    parent = span.parent
+    return orjson.dumps({
+        "name": span.name,
+        "trace_id": format(ctx.trace_id, "032x"),
+        "span_id": format(ctx.span_id, "016x"),
+        "parent_id": format(parent.span_id, "016x") if parent is not None else None,
+        "kind": span.kind.name,
+        "start_time_ns": span.start_time,
+        "end_time_ns": span.end_time,
+        "status": span.status.status_code.name,
+        "status_description": span.status.description,
+        "attributes": dict(span.attributes or {}),
+        "events": [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events],
+        "links": [{"trace_id": format(link.context.trace_id, "032x"), "span_id": format(link.context.span_id, "016x"),
+                   "attributes": dict(link.attributes or {})} for link in span.links],
+    }, default=str).decode() + "\n"
 
 
 def enabled() -> bool:
