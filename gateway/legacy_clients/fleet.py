@@ -25,10 +25,10 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.observability import metrics
 from gateway.legacy_clients.sealed import INPUT_REQUEST, SESSION, Sealer, principal_binding
 from gateway.legacy_clients.sessions import LegacySession, SessionStore, per_principal_share
 from gateway.legacy_clients.shared import LiveState, SharedSessions, SharedUnavailable
+from gateway.observability import metrics
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
