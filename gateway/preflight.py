@@ -35,6 +35,7 @@ async def find_problems(settings: GatewaySettings) -> list[tuple[str, str]]:
     """`startup_problems`, inside a running event loop (serve's)."""
     from gateway.app import build_app
     from gateway.backends import create_backend
+    from gateway.backends.replica import ReplicaContext
     from gateway.cache.factory import build_cache
     from gateway.routing.table import RouteTable
     from gateway.subscriptions import build_hub, redis_url_of
@@ -52,8 +53,9 @@ async def find_problems(settings: GatewaySettings) -> list[tuple[str, str]]:
         return thing
 
     # The parts in the order Runtime builds them, each named by the section it comes from.
+    replica = ReplicaContext.from_settings(settings)
     for i, backend in enumerate(settings.backends):
-        attempt(f"backends.{i}", lambda b=backend: create_backend(b, settings))
+        attempt(f"backends.{i}", lambda b=backend: create_backend(b, replica))
     cache = attempt("cache", lambda: build_cache(settings.cache))
     if cache is not None:
         hub_field = "subscriptions.redis_url" if settings.subscriptions.redis_url else (
