@@ -110,8 +110,17 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
 
 async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
     era = "legacy" if args.mode == "legacy" else "modern"
+    extra: dict[str, Any] = {}
+    if args.access_log or args.tracing:
+        # The access log is written to fd 1, which main() points at a file (the figures go to stderr).
+        extra["observability"] = {"access_log": args.access_log, "log_format": "json"}
+    if args.tracing:
+        from gateway.observability import tracing
+
+        tracing.configure(True, "console")  # every span exported, as JSON lines on stderr → a file
     settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": ""}],
-                               cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"})
+                               cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"},
+                               **extra)
     app = build_app(settings)
     lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
     started = asyncio.Event()
@@ -138,7 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     p.add_argument("--profile", action="store_true", help="also run one round under cProfile")
     p.add_argument("--cache", choices=("memory", "none"), default="memory", help="cache.store (default memory)")
+    p.add_argument("--access-log", action="store_true", help="observability.access_log: true, JSON (to a file)")
+    p.add_argument("--tracing", action="store_true",
+                   help="tracing on, every request sampled, console exporter (to a file)")
     args = p.parse_args(argv)
+    report = sys.stdout
+    if args.access_log or args.tracing:
+        import tempfile
+
+        report = os.fdopen(os.dup(1), "w")
+        sink = tempfile.NamedTemporaryFile(prefix="inprocess-telemetry-", suffix=".log", delete=False)
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        sys.stderr = sys.stdout = open(sink.name, "a")  # noqa: SIM115 - lives as long as the process
     if args.profile:
         args.rounds += 1
 
@@ -166,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             backend.wait(timeout=5)
     results.sort()
     print(f"{args.mode}, {args.callers} callers: gateway CPU per request min {results[0]:.1f} µs, "
-          f"median {results[len(results) // 2]:.1f} µs over {len(results)} rounds of {args.requests}")
+          f"median {results[len(results) // 2]:.1f} µs over {len(results)} rounds of {args.requests}",
+          file=report, flush=True)
     return 0
 
 

@@ -510,7 +510,10 @@ class Context:
         for b in backends:
             lines.append("  - " + json.dumps(b))      # JSON is valid YAML flow style
         cfg = self.tmp / f"gateway-{port}.yaml"
-        cfg.write_text("\n".join(lines) + "\n" + extra_yaml)
+        # --gateway-yaml: configuration for this tree's gateways only (never a --compare tree's,
+        # which may not know the keys), e.g. the access log under test.
+        own = launcher is None and self.args.gateway_yaml
+        cfg.write_text("\n".join(lines) + "\n" + extra_yaml + (self.args.gateway_yaml + "\n" if own else ""))
         lp = self._logfile("gateway")
         cmd = launcher or (shlex.split(self.args.gateway_cmd) if self.args.gateway_cmd else
                            [PY, "-m", "gateway"])
@@ -1159,6 +1162,9 @@ def main(argv=None) -> int:
     p.add_argument("--gateway-cmd", default="",
                    help="command for the gateway instead of '<python> -m gateway' (gets "
                         "'serve --config F --host H --port P' appended), e.g. 'mcp-gateway'")
+    p.add_argument("--gateway-yaml", default="", metavar="YAML",
+                   help="YAML appended to the configuration of this tree's gateways (not --compare trees'), "
+                        "e.g. 'observability: {log_format: json, access_log: true}'")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=TREE",
                    help="also measure every gateway target as started from the source tree TREE "
                         "(a directory holding gateway/), named NAME, in the same run; repeatable. "

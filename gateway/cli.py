@@ -58,7 +58,10 @@ def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any
         port=settings.server.port,
         lifespan="on",
         log_level=settings.observability.log_level,
-        access_log=settings.observability.access_log,
+        # uvicorn's loggers propagate to the gateway's one handler (observability/logs.py);
+        # its own access line is replaced by the gateway's, which knows the MCP request.
+        log_config=None,
+        access_log=False,
         timeout_graceful_shutdown=settings.server.graceful_shutdown_seconds,
         server_header=False,
         # The hot path (bench/README.md "Profile"): the gateway's own HTTP/1.1
@@ -101,7 +104,9 @@ async def _serve(settings: GatewaySettings) -> None:
     if settings.demo or not settings.backends:
         demo_sock = _bind("127.0.0.1", 0)
         demo_port = demo_sock.getsockname()[1]
-        demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off"))
+        # log_config=None as for the gateway's own listeners (uvicorn_config): its lines go
+        # through the one handler, in the configured format.
+        demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off", log_config=None))
         settings = settings.model_copy(update={"backends": (
             *settings.backends,
             *GatewaySettings(backends=[{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp",
@@ -158,8 +163,8 @@ async def _serve(settings: GatewaySettings) -> None:
             ops_host = server_settings.ops_host or server_settings.host
             ops_line = f"; operations (/healthz, /readyz, /metrics) on http://{ops_host}:{ops_sock.getsockname()[1]}"
         mcp_url = f"http://{server_settings.host}:{mcp_sock.getsockname()[1]}{server_settings.path}"
-        print(f"mcp-gateway {__version__} listening on {mcp_url} with {len(settings.backends)} backend(s): "
-              f"{', '.join(b.name for b in settings.backends)}{ops_line}", flush=True)
+        log.info("mcp-gateway %s listening on %s with %d backend(s): %s%s", __version__, mcp_url,
+                 len(settings.backends), ", ".join(b.name for b in settings.backends), ops_line)
 
     try:
         await run_until_stopped(lifecycle, mcp, [mcp_sock], ops_server, [ops_sock] if ops_sock else [],
@@ -177,13 +182,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     settings = _with_server(settings, host=args.host, port=args.port)
-    logging.basicConfig(level=settings.observability.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every upstream request at INFO: one line per call is noise, not signal.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    from gateway.observability import tracing
+    from gateway.observability import logs, tracing
+
+    logs.configure(settings.observability.log_level, settings.observability.log_format)
 
     tracing.configure(settings.observability.tracing, settings.observability.tracing_exporter)
+    if settings.observability.otlp_metrics:
+        from gateway.observability import otel_metrics
+
+        otel_metrics.configure(True)
     try:
         import uvloop  # noqa: F401  (uvicorn[standard]: the fast loop)
 

@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
-from gateway.observability import metrics
+from gateway.observability import tracing
+from gateway.observability.backend_call import BackendCall
+from gateway.observability.record import CURRENT, RequestRecord
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call, check_param_headers
@@ -29,11 +31,8 @@ from gateway.routing.table import RouteTable, Target
 log = logging.getLogger("gateway.dispatch")
 
 SERVER_INFO = {"name": "mcp-gateway", "version": __version__}
-_BACKEND_OUTCOMES = {
-    rpc.BACKEND_UNAVAILABLE: "unavailable",
-    rpc.BACKEND_TIMEOUT: "timeout",
-    rpc.BACKEND_PROTOCOL_ERROR: "protocol",
-}
+# At most this many distinct tool names get a metric series of their own (metrics.py: bounded).
+_MAX_TOOL_LABELS = 2000
 # Re-read a backend's tools/list at most this often when a call names a tool the index lacks.
 _TOOL_INDEX_REFRESH_SECONDS = 5.0
 # Re-list the fleet's resources at most this often when a read names a URI the index lacks.
@@ -67,25 +66,64 @@ class Dispatcher:
         self._tool_index_refreshed: dict[str, float] = {}
         self._resource_index_refreshed = float("-inf")
         self._resource_index_refresh: asyncio.Future[Any] | None = None
+        self._tool_labels: set[str] = set()
 
     async def dispatch(self, call: Call) -> Reply:
+        """Answer one call; the request's record (observability/record.py) learns what it was,
+        where it went and how it ended, and its SERVER span opens here, where `params._meta`
+        is known."""
+        record = CURRENT.get()
+        if record is None or record.noted or record.finished:
+            return await self._route(call)
+        record.noted = True
+        if record.era == "modern":
+            # An initialize-era client's record names what it sent (read from its body by the
+            # telemetry step), not the modern calls the gateway makes for it.
+            record.method, record.jsonrpc_id, record.version = call.method, call.id, call.version
+            record.name = call.name
+        principal = call.principal
+        if principal is not None and getattr(principal, "authenticated", False):
+            record.subject = principal.subject
+        token = None
+        if tracing.enabled() and record.span is None:
+            if record.era == "modern":
+                record.meta = call.meta
+            # Current while this call's work runs here (its CLIENT and INTERNAL spans are its
+            # children); the telemetry step ends it when the answer is sent.
+            token = tracing.attach(tracing.open_server_span(record, call.headers))
+        try:
+            reply = await self._route(call)
+        except rpc.McpError as exc:
+            record.code, record.message = exc.code, exc.message
+            raise
+        finally:
+            if token is not None:
+                tracing.detach(token)
+        if record.backend is None:
+            record.backend = reply.backend
+        record.note_answer(reply.message)
+        return reply
+
+    def _route(self, call: Call) -> Awaitable[Reply]:
+        """The handler's coroutine for this call, not awaited: `dispatch` awaits it, so the
+        record's bookkeeping adds no coroutine frame per request."""
         method = call.method
         if method == "server/discover":
-            return await self._discover(call)
+            return self._discover(call)
         spec = call.spec
         assert spec is not None
         if spec.list_key is not None:
-            return await self._list(call)
+            return self._list(call)
         if method in ("tools/call", "prompts/get"):
-            return await self._named(call)
+            return self._named(call)
         if method == "resources/read":
-            return await self._read(call)
+            return self._read(call)
         if method == "completion/complete":
-            return await self._complete(call)
+            return self._complete(call)
         if spec.stream_only:
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
-            return await self.hub.listen(call, self.table.targets)
+            return self.hub.listen(call, self.table.targets)
         raise rpc.method_not_found(method, call.id)
 
     # -- capability view of the fleet -----------------------------------------------------
@@ -143,7 +181,11 @@ class Dispatcher:
         sources: list[Source] = []
 
         async def fetch(target: Target, sub: Call) -> Message:
-            message, outcome = await self.cache.fetch(target, sub, lambda: self._list_page(target, sub), sources)
+            # One child span per backend of the fan-out (a cache hit has no CLIENT span).
+            with tracing.internal_span(f"fanout {target.backend.name}", **{"mcp.gateway.backend.name":
+                                                                            target.backend.name}):
+                message, outcome = await self.cache.fetch(target, sub, lambda: self._list_page(target, sub),
+                                                          sources)
             outcomes.append(outcome)
             return message
 
@@ -182,11 +224,24 @@ class Dispatcher:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
                                      data={"name": call.name})
         target, upstream_name = resolved
+        record = CURRENT.get()
+        if record is not None and call.method == "tools/call":
+            record.tool_label = self._tool_label(target, upstream_name, call.name)
         if call.method == "tools/call":
             annotations = await self._param_annotations(target, upstream_name)
             if annotations:
                 check_param_headers(call, annotations)
         return await self._forward(target, call.with_name(upstream_name))
+
+    def _tool_label(self, target: Target, upstream_name: str, name: str) -> str:
+        """The tool's metric label: its client-facing name when the route table knows the tool
+        (a backend listed it), else "other" (label values never come from raw input)."""
+        if name in self._tool_labels:
+            return name
+        if self.table.param_headers(target, upstream_name) is None or len(self._tool_labels) >= _MAX_TOOL_LABELS:
+            return "other"
+        self._tool_labels.add(name)
+        return name
 
     async def tool_param_headers(self, name: str) -> tuple[Any, ...]:
         """The `x-mcp-header` annotations of the tool clients call `name` (empty if unknown).
@@ -302,35 +357,50 @@ class Dispatcher:
 
     # -- forwarding -----------------------------------------------------------------------
 
-    async def _send(self, target: Target, call: Call) -> Reply:
-        """backend.send, measured: the one place every upstream call passes."""
-        backend = target.backend.name
-        method = metrics.method_label(call.method)
-        started = time.perf_counter()
+    async def _send(self, target: Target, call: Call) -> tuple[Reply, BackendCall]:
+        """backend.send, measured and traced: the one place every upstream call passes, for every
+        backend kind (observability/backend_call.py). The measure runs until the answer is
+        complete: `_final` and `_forward` end it."""
+        record = CURRENT.get()
+        probe = BackendCall(target.backend, call, record.tool_label or "" if record is not None else "")
         try:
-            reply = await target.backend.send(call)
+            reply = await target.backend.send(probe.call)
         except rpc.McpError as exc:
-            outcome = _BACKEND_OUTCOMES.get(exc.code, "error")
-            metrics.backend_requests_child(backend, method, outcome).inc()
+            probe.failed(exc)
             raise
-        metrics.backend_seconds_child(backend, method).observe(time.perf_counter() - started)
-        outcome = "error" if reply.message is not None and "error" in reply.message else "ok"
-        metrics.backend_requests_child(backend, method, outcome).inc()
-        return reply
+        except BaseException:
+            probe.abandoned()
+            raise
+        if record is not None and record.backend is None:
+            record.backend = target.backend.name
+        probe.sent(reply.message)
+        return reply, probe
 
     async def _final(self, target: Target, call: Call) -> Message:
-        reply = await self._send(target, call)
-        return modernize(await reply.final(), call, target.backend.name)
+        reply, probe = await self._send(target, call)
+        if reply.message is not None:
+            message = reply.message
+        else:
+            try:
+                message = await reply.final()
+            except rpc.McpError as exc:
+                probe.failed(exc)
+                raise
+            except BaseException:
+                probe.abandoned()
+                raise
+            probe.complete(message)
+        return modernize(message, call, target.backend.name)
 
     async def _forward(self, target: Target, call: Call) -> Reply:
-        reply = await self._send(target, call)
+        reply, probe = await self._send(target, call)
         if reply.message is not None:
             fixed = modernize(reply.message, call, reply.backend)
             if fixed is not reply.message:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None
-        reply.stream = _modernize_stream(reply.stream, call, reply.backend)
+        reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get())
         return reply
 
 
@@ -362,12 +432,16 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
     return message
 
 
-async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str) -> AsyncIterator[Message]:
+async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str, probe: BackendCall,
+                            record: RequestRecord | None) -> AsyncIterator[Message]:
     wants_logs = call.log_level is not None
     try:
         async for msg in stream:
             method = msg.get("method")
             if method is None:
+                probe.complete(msg)
+                if record is not None:
+                    record.note_answer(msg)
                 yield modernize(msg, call, backend)
                 return
             if "id" in msg:
@@ -378,7 +452,13 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
                 continue  # LOG: no log messages for requests without a logLevel
             yield msg
         raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
+    except rpc.McpError as exc:
+        probe.failed(exc)
+        if record is not None and record.code is None:
+            record.code, record.message = exc.code, exc.message
+        raise
     finally:
+        probe.abandoned()  # a no-op once the answer was noted
         await aclose(stream)
 
 

@@ -35,9 +35,9 @@ async def find_problems(settings: GatewaySettings) -> list[tuple[str, str]]:
     """`startup_problems`, inside a running event loop (serve's)."""
     from gateway.app import build_app
     from gateway.backends import create_backend
+    from gateway.backends.replica import ReplicaContext
     from gateway.cache.factory import build_cache
     from gateway.routing.table import RouteTable
-    from gateway.backends.replica import ReplicaContext
     from gateway.subscriptions import build_hub
 
     problems: list[tuple[str, str]] = []

@@ -443,12 +443,22 @@ class SecuritySettings(_Frozen):
 
 class ObservabilitySettings(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # json: one JSON object per line for the gateway's and uvicorn's logs and the access log
+    # (the image and the manifests set it); text: the classic one-line format.
+    log_format: Literal["json", "text"] = "text"
+    # One access line per MCP request (method, name, backend, status, JSON-RPC code, duration,
+    # cache outcome, subject, request id, trace id): docs/observability.md "Access log".
     access_log: bool = False
+    # The share of successful requests that get an access line (errors always do).
+    access_log_sample: float = Field(1.0, ge=0.0, le=1.0)
     # OpenTelemetry spans per request, continued from the client's traceparent.
     tracing: bool = False
     # console, or otlp: OTLP/HTTP, from the `otlp` extra (`pip install "mcp-gateway[otlp]"`,
     # in the Docker image), configured by the standard OTEL_EXPORTER_OTLP_* variables.
     tracing_exporter: Literal["console", "otlp"] = "console"
+    # mcp.server/client.operation.duration over OTLP too (OTEL_EXPORTER_OTLP_*; the `otlp`
+    # extra); /metrics has them either way.
+    otlp_metrics: bool = False
 
 
 class SubscriptionSettings(_Frozen):

@@ -60,8 +60,7 @@ class ModernHttpBackend(Backend):
         for key, value in call.headers.items():
             if key.startswith(h.PARAM_PREFIX) or key in _RELAYED:
                 headers[key] = value
-        if tracing.enabled():
-            headers.update(tracing.outgoing_headers())  # the gateway's span is the parent
+        tracing.add_outgoing_headers(headers)  # the gateway's CLIENT span, X-Request-Id
         return headers
 
     async def send(self, call: Call) -> Reply:
@@ -72,11 +71,13 @@ class ModernHttpBackend(Backend):
             except rpc.McpError as exc:
                 if attempt + 1 < attempts and exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
                     log.info("retrying %s on %s after: %s", call.method, self.name, exc.message)
+                    tracing.note_retry(attempt + 2, exc.message)
                     await asyncio.sleep(0.05 * (attempt + 1))
                     continue
                 self.last_error = exc.message
                 raise
             if reply.status in _RETRYABLE_STATUS and attempt + 1 < attempts and reply.stream is None:
+                tracing.note_retry(attempt + 2, f"HTTP {reply.status}")
                 continue
             return reply
         raise AssertionError("unreachable")

@@ -21,6 +21,7 @@ import orjson
 
 from gateway.backends.base import Message
 from gateway.backends.errors import UpstreamConnectionError, upstream_errors
+from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
 
@@ -128,6 +129,8 @@ class StdioProcess:
             else:
                 self._proc = proc
                 self.generation += 1
+                if self.generation > 1:  # a restart, of any stdio process (modern or legacy)
+                    metrics.STDIO_RESTARTS.labels(self.name).inc()
                 self._started.set()
                 log.info("backend %s: started %r (pid %d)", self.name, self.command[0], proc.pid)
                 stderr = asyncio.ensure_future(self._drain_stderr(proc))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.legacy_clients.sealed import INPUT_REQUEST, SESSION, Sealer, principal_binding
 from gateway.legacy_clients.sessions import LegacySession, SessionStore, per_principal_share
 from gateway.legacy_clients.shared import LiveState, SharedSessions, SharedUnavailable
+from gateway.observability import metrics
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
@@ -111,6 +112,7 @@ class FleetSessions:
         session = self._materialize(session_id, key, principal_key, protocol_version, client_capabilities,
                                     client_info, server_capabilities)
         session.recorded = recorded
+        metrics.LEGACY_SESSIONS_CREATED.inc()  # once in the fleet: by the replica that answered initialize
         return session
 
     async def get(self, session_id: str, principal_key: str) -> LegacySession | None:
