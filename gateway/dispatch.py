@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
+from gateway.backends.concurrency import Slot
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
 from gateway.observability import metrics
@@ -44,6 +45,35 @@ class Hub(Protocol):
     """The subscription hub seam: turns a client's listen call into its notification stream."""
 
     async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply: ...
+
+
+class Budget:
+    """`backends[].timeout_seconds` as the whole call's budget, as the client sees it: the
+    routing work (a tool-index refresh), the connection, every retry and the answer come out
+    of it, so no phase gets a fresh deadline (docs/resilience.md "Deadlines"). A streamed
+    answer must start within it; from then on its reads and `max_call_seconds` bound it."""
+
+    __slots__ = ("target", "call", "seconds", "started", "timeout", "phase")
+
+    def __init__(self, target: Target, call: Call) -> None:
+        self.target = target
+        self.call = call
+        self.seconds = target.backend.settings.timeout_seconds
+        loop = asyncio.get_running_loop()
+        self.started = loop.time()
+        self.timeout = asyncio.timeout_at(self.started + self.seconds)
+        self.phase = "waiting for its answer"
+
+    def exhausted(self) -> rpc.McpError:
+        backend = self.target.backend
+        spent = asyncio.get_running_loop().time() - self.started
+        backend.health.failed(f"no {self.call.method} answer within {self.seconds:g}s")
+        return rpc.McpError(
+            rpc.BACKEND_TIMEOUT,
+            f"Backend {backend.name!r} did not answer within {self.seconds:g}s ({self.call.method}: "
+            f"backends[].timeout_seconds is the whole call's budget; it ran out after {spent:.2f}s, {self.phase})",
+            status=504, data={"backend": backend.name, "limit": "backends[].timeout_seconds", "phase": self.phase},
+            request_id=self.call.id)
 
 
 class Dispatcher:
@@ -151,8 +181,13 @@ class Dispatcher:
         backend only; a cache hit never arms it (measured: ~8 µs of a cached list, bench/README.md
         "Second round"), and everything else a lookup may wait on is bounded on its own (the store's
         socket timeouts, the fill lock's lifetime, the single-flight leader's own deadline)."""
-        async with asyncio.timeout(target.backend.settings.list_timeout_seconds):
-            return await self._final(target, call)
+        limit = target.backend.settings.list_timeout_seconds
+        try:
+            async with asyncio.timeout(limit):
+                return await self._final(target, call)
+        except TimeoutError:
+            target.backend.health.failed(f"no {call.method} answer within {limit:g}s")
+            raise
 
     # -- named calls ----------------------------------------------------------------------
 
@@ -170,11 +205,20 @@ class Dispatcher:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
                                      data={"name": call.name})
         target, upstream_name = resolved
-        if call.method == "tools/call":
-            annotations = await self._param_annotations(target, upstream_name)
-            if annotations:
-                check_param_headers(call, annotations)
-        return await self._forward(target, call.with_name(upstream_name))
+        budget = Budget(target, call)
+        try:
+            async with budget.timeout:
+                if call.method == "tools/call":
+                    budget.phase = "refreshing its tool index"
+                    annotations = await self._param_annotations(target, upstream_name)
+                    if annotations:
+                        check_param_headers(call, annotations)
+                budget.phase = "waiting for its answer"
+                return await self._forward(target, call.with_name(upstream_name))
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
 
     async def tool_param_headers(self, name: str) -> tuple[Any, ...]:
         """The `x-mcp-header` annotations of the tool clients call `name` (empty if unknown).
@@ -260,12 +304,19 @@ class Dispatcher:
                                      data={"uri": call.name})
         m = call.meta
         streaming = meta.PROGRESS_TOKEN in m or meta.LOG_LEVEL in m
-        if streaming or "inputResponses" in call.params or "requestState" in call.params:
-            # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
-            reply = await self._forward(target, call)
-            reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
-            return reply
-        message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
+        budget = Budget(target, call)
+        try:
+            async with budget.timeout:
+                if streaming or "inputResponses" in call.params or "requestState" in call.params:
+                    # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
+                    reply = await self._forward(target, call)
+                    reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
+                    return reply
+                message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
         return Reply(target.backend.name, status=rpc.http_status_of(message), message=message,
                      headers=_cache_header([outcome]))
 
@@ -280,35 +331,69 @@ class Dispatcher:
             target, upstream = resolved
             params = dict(call.params)
             params["ref"] = {**ref, "name": upstream}
-            return await self._forward(target, call.with_params(params))
+            return await self._forward_within_budget(target, call.with_params(params))
         if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
             target = self.table.resolve_uri(ref["uri"]) or await self._resolve_relisted(ref["uri"])
             if target is None:
                 raise rpc.invalid_params(f"Resource not found: {ref['uri']!r}", call.id)
-            return await self._forward(target, call)
+            return await self._forward_within_budget(target, call)
         raise rpc.invalid_params('"ref" must be a ref/prompt with a name or a ref/resource with a uri', call.id)
 
     # -- forwarding -----------------------------------------------------------------------
 
     async def _send(self, target: Target, call: Call) -> Reply:
-        """backend.send, measured: the one place every upstream call passes."""
-        backend = target.backend.name
+        """backend.send, measured, guarded by the backend's remembered health and its
+        concurrency bound: the one place every upstream call passes (docs/resilience.md)."""
+        backend = target.backend
+        health = backend.health
+        if health.ejected:
+            health.admit(call.id)  # -31001 at once, unless this call is the half-open trial
+        limiter = backend.limiter
+        slot = None
+        if limiter is not None:
+            await limiter.acquire(call.id)
+            slot = Slot(limiter)
+        name = backend.name
         method = metrics.method_label(call.method)
         started = time.perf_counter()
         try:
-            reply = await target.backend.send(call)
+            reply = await backend.send(call)
         except rpc.McpError as exc:
+            if slot is not None:
+                slot.release()
             outcome = _BACKEND_OUTCOMES.get(exc.code, "error")
-            metrics.backend_requests_child(backend, method, outcome).inc()
+            if outcome in ("unavailable", "timeout"):
+                health.failed(exc.message)
+            metrics.backend_requests_child(name, method, outcome).inc()
             raise
-        metrics.backend_seconds_child(backend, method).observe(time.perf_counter() - started)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        metrics.backend_seconds_child(name, method).observe(time.perf_counter() - started)
+        if reply.status >= 500:
+            health.failed(f"HTTP {reply.status}")
+        else:
+            health.succeeded()
+        if slot is not None:
+            _hold_until_done(reply, slot)
         outcome = "error" if reply.message is not None and "error" in reply.message else "ok"
-        metrics.backend_requests_child(backend, method, outcome).inc()
+        metrics.backend_requests_child(name, method, outcome).inc()
         return reply
 
     async def _final(self, target: Target, call: Call) -> Message:
         reply = await self._send(target, call)
         return modernize(await reply.final(), call, target.backend.name)
+
+    async def _forward_within_budget(self, target: Target, call: Call) -> Reply:
+        budget = Budget(target, call)
+        try:
+            async with budget.timeout:
+                return await self._forward(target, call)
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
 
     async def _forward(self, target: Target, call: Call) -> Reply:
         reply = await self._send(target, call)
@@ -320,6 +405,24 @@ class Dispatcher:
         assert reply.stream is not None
         reply.stream = _modernize_stream(reply.stream, call, reply.backend)
         return reply
+
+
+def _hold_until_done(reply: Reply, slot: Slot) -> None:
+    """A streamed answer keeps its concurrency slot until the stream ends or is closed."""
+    if reply.stream is None:
+        slot.release()
+        return
+    reply.closers.append(slot.release)
+    reply.stream = _released_at_end(reply.stream, slot)
+
+
+async def _released_at_end(stream: AsyncIterator[Message], slot: Slot) -> AsyncIterator[Message]:
+    try:
+        async for message in stream:
+            yield message
+    finally:
+        slot.release()
+        await aclose(stream)
 
 
 def modernize(message: Message, call: Call, backend: str) -> Message:

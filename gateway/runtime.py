@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.backends import create_backend
 from gateway.backends.base import Backend
+from gateway.backends.health_checks import HealthChecks
 from gateway.backends.replica import ReplicaContext
 from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
@@ -37,6 +38,8 @@ class Runtime:
         self.hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
         self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
         self._discovery: asyncio.Task[None] | None = None
+        # Active health checks (backends/health_checks.py); their state feeds /readyz.
+        self.health_checks = HealthChecks(self.backends)
         self.shutting_down = False
 
     async def start(self) -> None:
@@ -48,6 +51,7 @@ class Runtime:
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
+        self.health_checks.start()
 
     async def discover_all(self, timeout: float = 10.0) -> None:
         async def one(backend: Backend) -> None:
@@ -58,6 +62,9 @@ class Runtime:
             except (rpc.McpError, TimeoutError) as exc:
                 backend.last_error = getattr(exc, "message", None) or f"no answer within {timeout:g}s"
                 log.warning("backend %s: discovery failed: %s", backend.name, backend.last_error)
+                _check_result(backend, backend.last_error)
+            else:
+                _check_result(backend, None)
 
         await asyncio.gather(*(one(b) for b in self.backends))
 
@@ -77,6 +84,7 @@ class Runtime:
     async def aclose(self) -> None:
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
+        await self.health_checks.aclose()
         closer = getattr(self.hub, "aclose", None)
         if closer is not None:
             await closer()
@@ -84,17 +92,36 @@ class Runtime:
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when at least one backend answers discovery (a fleet keeps serving with some
-        backends down; a sidecar's single backend decides alone)."""
+        """Ready when at least one backend is up (a fleet keeps serving with some backends
+        down; a sidecar's single backend decides alone). Read from the remembered health
+        (backends/health.py) without waiting; a backend nothing has judged yet is asked once,
+        within 2 s, and the answer is remembered as a check."""
         report: dict[str, Any] = {}
 
         async def probe(backend: Backend) -> None:
+            state = backend.health.state()
+            if state != "unknown":
+                report[backend.name] = state
+                return
             try:
                 await asyncio.wait_for(backend.discover(max_age=10.0), 2.0)
-                report[backend.name] = "ok"
             except (rpc.McpError, TimeoutError) as exc:
-                report[backend.name] = getattr(exc, "message", None) or "timeout"
+                reason = getattr(exc, "message", None) or "timeout"
+                _check_result(backend, reason)
+                report[backend.name] = reason
+            else:
+                _check_result(backend, None)
+                report[backend.name] = "ok"
 
         await asyncio.gather(*(probe(b) for b in self.backends))
         ready = not self.shutting_down and any(v == "ok" for v in report.values())
         return ready, report
+
+
+def _check_result(backend: Backend, failure: str | None) -> None:
+    """A discovery the gateway made for itself counts as an active check."""
+    for endpoint in backend.health.endpoints:
+        if failure is None:
+            endpoint.check_passed()
+        else:
+            endpoint.check_failed(failure)

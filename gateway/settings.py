@@ -100,6 +100,37 @@ class ServerSettings(_Frozen):
             return False
 
 
+class CanarySettings(_Frozen):
+    """A `tools/call` the active health check makes (backends[].health.canary): it passes when
+    the call succeeds and, if `expect` is set, the text of its result contains it."""
+
+    tool: Annotated[str, Field(min_length=1)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    expect: str | None = None
+
+
+class HealthSettings(_Frozen):
+    """Remembered health of one backend (docs/resilience.md): passive outlier detection on
+    the calls that pass, active checks in the background, ejection and half-open recovery."""
+
+    # Consecutive failed calls (no connection, reset, timeout, HTTP 5xx) that eject it.
+    consecutive_failures: Annotated[int, Field(ge=1)] = 5
+    # The first ejection lasts this long; each further one (without a full recovery in
+    # between) lasts one more base time, up to the cap.
+    base_ejection_seconds: Annotated[float, Field(gt=0)] = 10.0
+    max_ejection_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # Never more than this share of a backend's endpoints ejected at once (at least one stays
+    # in rotation). With one endpoint, it is ejected alone whatever the share.
+    max_ejected_percent: Annotated[int, Field(ge=0, le=100)] = 50
+    # Active checks: server/discover (an initialize on a legacy session, a round trip through
+    # a stdio process), or the canary below, every interval (0: no active checks). A check that
+    # passes ends an ejection at once; `failed_checks` failed ones in a row eject.
+    check_interval_seconds: Annotated[float, Field(ge=0)] = 10.0
+    check_timeout_seconds: Annotated[float, Field(gt=0)] = 2.0
+    failed_checks: Annotated[int, Field(ge=1)] = 2
+    canary: CanarySettings | None = None
+
+
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
@@ -157,6 +188,13 @@ class BackendSettings(_Frozen):
     max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
+    # -- resilience (docs/resilience.md) --
+    health: HealthSettings = HealthSettings()
+    # Calls in flight to this backend at once (None: no limit). Past it a call waits up to
+    # `queue_wait_seconds` in a queue of `max_queued_calls`, then fails with -31004 (HTTP 503).
+    max_concurrent_calls: Annotated[int, Field(gt=0)] | None = None
+    max_queued_calls: Annotated[int, Field(ge=0)] = 100
+    queue_wait_seconds: Annotated[float, Field(ge=0)] = 0.1
 
     @field_validator("url")
     @classmethod

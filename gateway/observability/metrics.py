@@ -83,3 +83,38 @@ MRTR_REFUSED = Counter(
     "Legacy backend calls refused (-31004) because the parked-call cap was reached (total, per_principal).",
     ["backend", "limit"],
 )
+
+# -- backend health (issue 18, backends/health.py). The first three are declared word for
+# word as on the observability branch, so that a merge keeps one of each.
+BACKEND_UP = Gauge(
+    "mcp_gateway_backend_up",
+    "1 when the backend answered its last discovery or health check, 0 when it did not.",
+    ["backend"],
+)
+HEALTH_CHECKS = Counter(
+    "mcp_gateway_backend_health_checks_total",
+    "Backend health checks by result (ok, failed).",
+    ["backend", "result"],
+)
+EJECTIONS = Counter(
+    "mcp_gateway_backend_ejections_total",
+    "Times a backend was taken out of rotation after failing.",
+    ["backend"],
+)
+BACKEND_ENDPOINT_UP = Gauge(
+    "mcp_gateway_backend_endpoint_up",
+    "1 while one endpoint of a backend (a URL, an address, a stdio instance) is in rotation, 0 while it is "
+    "ejected or failing.",
+    ["backend", "endpoint"],
+)
+BACKEND_RETRIES = Counter(
+    "mcp_gateway_backend_retries_total",
+    "Calls sent again to a backend, by why (unsent: it provably never reached the backend; idempotent: a read) "
+    "and what happened to the retry (sent, over_budget: the retry budget refused it).",
+    ["backend", "reason", "outcome"],
+)
+BACKEND_OVERLOADED = Counter(
+    "mcp_gateway_backend_overloaded_total",
+    "Calls refused (-31004) because the backend's max_concurrent_calls and its queue were full.",
+    ["backend"],
+)
