@@ -214,7 +214,7 @@ class Dispatcher:
                     if annotations:
                         check_param_headers(call, annotations)
                 budget.phase = "waiting for its answer"
-                return await self._forward(target, call.with_name(upstream_name))
+                return await self._forward(target, call.with_name(upstream_name), budget)
         except TimeoutError:
             if not budget.timeout.expired():
                 raise
@@ -309,7 +309,7 @@ class Dispatcher:
             async with budget.timeout:
                 if streaming or "inputResponses" in call.params or "requestState" in call.params:
                     # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
-                    reply = await self._forward(target, call)
+                    reply = await self._forward(target, call, budget)
                     reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
                     return reply
                 message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
@@ -389,13 +389,13 @@ class Dispatcher:
         budget = Budget(target, call)
         try:
             async with budget.timeout:
-                return await self._forward(target, call)
+                return await self._forward(target, call, budget)
         except TimeoutError:
             if not budget.timeout.expired():
                 raise
             raise budget.exhausted() from None
 
-    async def _forward(self, target: Target, call: Call) -> Reply:
+    async def _forward(self, target: Target, call: Call, budget: Budget | None = None) -> Reply:
         reply = await self._send(target, call)
         if reply.message is not None:
             fixed = modernize(reply.message, call, reply.backend)
@@ -403,7 +403,7 @@ class Dispatcher:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None
-        reply.stream = _modernize_stream(reply.stream, call, reply.backend)
+        reply.stream = _modernize_stream(reply.stream, call, reply.backend, budget)
         return reply
 
 
@@ -453,10 +453,27 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
     return message
 
 
-async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str) -> AsyncIterator[Message]:
+async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str,
+                            budget: Budget | None = None) -> AsyncIterator[Message]:
+    """The stream, made modern. With a budget, its first message must come within the call's
+    budget (Budget): from then on the stream's own read and max_call_seconds bounds hold."""
     wants_logs = call.log_level is not None
     try:
-        async for msg in stream:
+        if budget is not None:
+            first = asyncio.timeout_at(budget.started + budget.seconds)
+            try:
+                async with first:
+                    msg = await anext(stream, None)
+            except TimeoutError:
+                if not first.expired():
+                    raise
+                raise budget.exhausted() from None
+            if msg is None:
+                raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
+            messages: AsyncIterator[Message] = _chain(msg, stream)
+        else:
+            messages = stream
+        async for msg in messages:
             method = msg.get("method")
             if method is None:
                 yield modernize(msg, call, backend)
@@ -471,6 +488,12 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
         raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
     finally:
         await aclose(stream)
+
+
+async def _chain(first: Message, rest: AsyncIterator[Message]) -> AsyncIterator[Message]:
+    yield first
+    async for msg in rest:
+        yield msg
 
 
 def merge_capabilities(all_caps: list[dict[str, Any]]) -> dict[str, Any]:

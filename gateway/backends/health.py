@@ -145,10 +145,9 @@ class EndpointHealth:
         self._mark(True)
 
     def _mark(self, up: bool) -> None:
-        if self.up is up:
-            return
-        self.up = up
-        metrics.BACKEND_ENDPOINT_UP.labels(self.backend.name, self.label).set(1 if up else 0)
+        if self.up is not up:
+            self.up = up
+            metrics.BACKEND_ENDPOINT_UP.labels(self.backend.name, self.label).set(1 if up else 0)
         self.backend.endpoint_changed()
 
 
