@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
 from gateway.backends.concurrency import Slot
+from gateway.backends.retry import send_with_retries
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
 from gateway.observability import metrics
@@ -357,23 +358,18 @@ class Dispatcher:
         method = metrics.method_label(call.method)
         started = time.perf_counter()
         try:
-            reply = await backend.send(call)
+            reply = await send_with_retries(backend, call, health.failed)
         except rpc.McpError as exc:
             if slot is not None:
                 slot.release()
-            outcome = _BACKEND_OUTCOMES.get(exc.code, "error")
-            if outcome in ("unavailable", "timeout"):
-                health.failed(exc.message)
-            metrics.backend_requests_child(name, method, outcome).inc()
+            metrics.backend_requests_child(name, method, _BACKEND_OUTCOMES.get(exc.code, "error")).inc()
             raise
         except BaseException:
             if slot is not None:
                 slot.release()
             raise
         metrics.backend_seconds_child(name, method).observe(time.perf_counter() - started)
-        if reply.status >= 500:
-            health.failed(f"HTTP {reply.status}")
-        else:
+        if reply.status < 500:
             health.succeeded()
         if slot is not None:
             _hold_until_done(reply, slot)

@@ -159,8 +159,9 @@ class BackendSettings(_Frozen):
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Deadline for this backend's share of an aggregated list; a late backend is left out.
     list_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
-    # Retries for idempotent reads (lists, resources/read, server/discover) only, and only
-    # before any byte reached the client.
+    # Retries (every backend kind, docs/resilience.md "Retries"): of idempotent reads (lists,
+    # resources/read, server/discover) after a failure, and of any call that provably never
+    # reached the backend; never after a byte reached the client. Within the retry budget.
     retries: Annotated[int, Field(ge=0, le=5)] = 1
     max_connections: Annotated[int, Field(gt=0)] = 256
     # The largest answer read from this backend: a JSON body, or one event of a stream. A
@@ -195,6 +196,13 @@ class BackendSettings(_Frozen):
     max_concurrent_calls: Annotated[int, Field(gt=0)] | None = None
     max_queued_calls: Annotated[int, Field(ge=0)] = 100
     queue_wait_seconds: Annotated[float, Field(ge=0)] = 0.1
+    # Retries stay within this share of the calls made (plus `retry_budget_min_per_second`),
+    # so a brown-out is not amplified; each waits a jittered backoff, doubling from
+    # `retry_backoff_seconds` up to `retry_backoff_max_seconds`.
+    retry_budget_percent: Annotated[float, Field(ge=0, le=100)] = 20.0
+    retry_budget_min_per_second: Annotated[float, Field(ge=0)] = 5.0
+    retry_backoff_seconds: Annotated[float, Field(ge=0)] = 0.025
+    retry_backoff_max_seconds: Annotated[float, Field(ge=0)] = 0.5
 
     @field_validator("url")
     @classmethod

@@ -23,6 +23,7 @@ import orjson
 
 from gateway.backends.concurrency import CallLimiter
 from gateway.backends.health import BackendHealth
+from gateway.backends.retry import RetryBudget, send_with_retries
 
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
@@ -130,6 +131,7 @@ class Backend(abc.ABC):
         self.limiter = (None if settings.max_concurrent_calls is None else CallLimiter(
             settings.name, settings.max_concurrent_calls, max_queued=settings.max_queued_calls,
             wait=settings.queue_wait_seconds))
+        self.retry_budget = RetryBudget(settings.retry_budget_percent, settings.retry_budget_min_per_second)
 
     def endpoint_labels(self) -> tuple[str, ...]:
         """What the health metrics call each endpoint: its origin, or the process."""
@@ -239,7 +241,7 @@ class Backend(abc.ABC):
             raise self._remembered_failure()
 
     async def _fetch_discover(self) -> Message:
-        reply = await self.send(internal_call("server/discover"))
+        reply = await send_with_retries(self, internal_call("server/discover"))
         msg = await reply.final()
         result = msg.get("result")
         if not isinstance(result, dict):

@@ -29,7 +29,6 @@ log = logging.getLogger("gateway.backends.modern")
 # refuse the gateway (digest §a.2).
 _RELAYED = ("traceparent", "tracestate", "baggage")
 _ACCEPT = "application/json, text/event-stream"
-_RETRYABLE_STATUS = frozenset({502, 503, 504})
 # The 4xx statuses the spec gives a JSON-RPC error body (digest §a.3): relayed with their code.
 # Any other 4xx is the backend refusing the gateway, never the client (`rpc.backend_refused`).
 _RELAYED_4XX = frozenset({400, 404})
@@ -65,23 +64,7 @@ class ModernHttpBackend(Backend):
         return headers
 
     async def send(self, call: Call) -> Reply:
-        attempts = 1 + (self.settings.retries if call.spec is not None and call.spec.idempotent else 0)
-        for attempt in range(attempts):
-            try:
-                reply = await self._send_once(call)
-            except rpc.McpError as exc:
-                if attempt + 1 < attempts and exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
-                    log.info("retrying %s on %s after: %s", call.method, self.name, exc.message)
-                    await asyncio.sleep(0.05 * (attempt + 1))
-                    continue
-                self.last_error = exc.message
-                raise
-            if reply.status in _RETRYABLE_STATUS and attempt + 1 < attempts and reply.stream is None:
-                continue
-            return reply
-        raise AssertionError("unreachable")
-
-    async def _send_once(self, call: Call) -> Reply:
+        """One POST; retries are the caller's (backends/retry.py), the same for every kind."""
         # A listen stream is quiet for as long as nothing changes: no read deadline.
         read_timeout = None if call.method == "subscriptions/listen" else self.settings.timeout_seconds
         response = await self._client.post(self.url, call.wire_body(), self._headers(call),

@@ -366,3 +366,23 @@ async def test_a_queued_call_that_waits_too_long_is_refused(client, slow_server)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == -31004
         assert 0.15 < waited < 0.6, waited
         assert (await first).status_code == 200
+
+
+# -- 4. retries ------------------------------------------------------------------------------
+
+async def test_a_read_is_retried_within_the_budget_and_not_past_it(client, slow_server):
+    """scripted://…/flaky/KEY answers 503 to its first attempt. With budget, retried (and
+    counted); with none, the 503 stands: a brown-out is not amplified."""
+    backend = {"name": "slow", "url": slow_server.url, "era": "modern", "retries": 1}
+    async with running_gateway({"backends": [backend], "cache": {"store": "none"}}) as gw:
+        response = await post(client, gw.url, "resources/read", {"uri": "scripted://slow/flaky/budgeted"})
+        assert response.status_code == 200, response.text
+        assert await _metric(client, gw, "mcp_gateway_backend_retries_total", backend="slow",
+                             reason="idempotent", outcome="sent") == 1
+    broke = {**backend, "retry_budget_percent": 0, "retry_budget_min_per_second": 0}
+    async with running_gateway({"backends": [broke], "cache": {"store": "none"}}) as gw:
+        response = await post(client, gw.url, "resources/read", {"uri": "scripted://slow/flaky/unbudgeted"})
+        assert response.status_code == 502 and response.json()["error"]["code"] == -31001
+        assert await _metric(client, gw, "mcp_gateway_backend_retries_total", backend="slow",
+                             reason="idempotent", outcome="over_budget") == 1
+    assert (await slow_server.state())["attempts"]["flaky/unbudgeted"] == 1
