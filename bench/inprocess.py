@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import json
 import os
 import pstats
 import socket
@@ -110,7 +111,8 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
 
 async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
     era = "legacy" if args.mode == "legacy" else "modern"
-    settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": ""}],
+    extra = json.loads(args.backend) if args.backend else {}
+    settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": "", **extra}],
                                cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"})
     app = build_app(settings)
     lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
@@ -138,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     p.add_argument("--profile", action="store_true", help="also run one round under cProfile")
     p.add_argument("--cache", choices=("memory", "none"), default="memory", help="cache.store (default memory)")
+    p.add_argument("--backend", default="", help='extra backend settings as JSON, e.g. \'{"max_concurrent_calls": 1000}\'')
     args = p.parse_args(argv)
     if args.profile:
         args.rounds += 1
