@@ -119,7 +119,10 @@ class Runtime:
 
 
 def _check_result(backend: Backend, failure: str | None) -> None:
-    """A discovery the gateway made for itself counts as an active check."""
+    """A discovery the gateway made for itself counts as an active check (of a backend with
+    one endpoint: with several, it does not say which one answered)."""
+    if len(backend.health.endpoints) > 1:
+        return
     for endpoint in backend.health.endpoints:
         if failure is None:
             endpoint.check_passed()

@@ -134,6 +134,10 @@ class HealthSettings(_Frozen):
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
+    # Several endpoints of one backend (beside or instead of `url`; `era: modern` only in this
+    # build): calls go to the healthy one with fewer requests in flight of two picked at random,
+    # and one that cannot be reached sends the call to another (docs/resilience.md).
+    urls: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None
     # Extra environment for a stdio backend. It inherits only PATH, HOME, locale, TZ, TMPDIR
     # and user names from the gateway, plus the variables named in `inherit_env`.
@@ -214,6 +218,26 @@ class BackendSettings(_Frozen):
             raise ValueError(f"{v!r} is not an http(s) URL")
         return v
 
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for url in v:
+            cls._url(url)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_of_urls(cls, data: Any) -> Any:
+        # `urls` alone: its first is `url` (what the era probe and single-URL code read).
+        if isinstance(data, dict) and data.get("url") is None and data.get("urls"):
+            data = {**data, "url": list(data["urls"])[0]}
+        return data
+
+    @property
+    def endpoint_urls(self) -> tuple[str, ...]:
+        """`url` and `urls`, each once, in order."""
+        return tuple(dict.fromkeys(((self.url,) if self.url is not None else ()) + self.urls))
+
     @field_validator("command")
     @classmethod
     def _command(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -229,6 +253,9 @@ class BackendSettings(_Frozen):
             raise ValueError("'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
         if self.transport == "sse" and self.era == "modern":
             raise ValueError("transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: era must be 'legacy' or 'auto'")
+        if len(self.endpoint_urls) > 1 and (self.era != "modern" or self.transport == "sse"):
+            raise ValueError("several endpoints ('urls') need era: modern and Streamable HTTP in this build "
+                             "(initialize-era sessions pinned to an endpoint are not built yet)")
         return self
 
 

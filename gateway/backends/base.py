@@ -136,9 +136,14 @@ class Backend(abc.ABC):
     def endpoint_labels(self) -> tuple[str, ...]:
         """What the health metrics call each endpoint: its origin, or the process."""
         if self.settings.url is not None:
-            parts = urlsplit(self.settings.url)
-            return (f"{parts.scheme}://{parts.netloc}",)
+            origins = tuple(f"{p.scheme}://{p.netloc}" for p in map(urlsplit, self.settings.endpoint_urls))
+            # Two endpoints on one origin (different paths) are told apart by their whole URL.
+            return origins if len(set(origins)) == len(origins) else self.settings.endpoint_urls
         return ("process",)
+
+    async def check_endpoint(self, index: int) -> None:
+        """An active check of one endpoint; a backend with one endpoint checks itself."""
+        await self.health_check()
 
     async def health_check(self) -> None:
         """One active check (health_checks.py), raising McpError when it fails: the canary

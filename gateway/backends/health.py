@@ -158,6 +158,7 @@ class BackendHealth:
         self.name = name
         self.settings = settings
         self.endpoints = [EndpointHealth(self, label, settings) for label in endpoints]
+        self._single = self.endpoints[0] if len(self.endpoints) == 1 else None
         # True when no endpoint is in rotation: the one flag the hot path reads.
         self.ejected = False
         self.up: bool | None = None
@@ -188,12 +189,16 @@ class BackendHealth:
                 return endpoint.reason
         return None
 
-    # The single-endpoint shortcuts the dispatcher uses until endpoints are chosen per call.
+    # What the dispatcher reports of a whole call. With one endpoint it is that endpoint's;
+    # a backend with several reports each request to the endpoint that served it itself
+    # (modern.py), since only it knows which one that was.
     def succeeded(self) -> None:
-        self.endpoints[0].succeeded()
+        if self._single is not None:
+            self._single.succeeded()
 
     def failed(self, reason: str) -> None:
-        self.endpoints[0].failed(reason)
+        if self._single is not None:
+            self._single.failed(reason)
 
     # -- the cap and the summary -------------------------------------------------------
 

@@ -26,11 +26,18 @@ log = logging.getLogger("gateway.backends.health")
 
 
 async def check_once(backend: Backend) -> bool:
-    """Run one check and record it; True when it passed. Never raises (but cancellation)."""
+    """Check every endpoint of `backend` (at once) and record each outcome; True when all
+    passed. Never raises (but cancellation)."""
+    results = await asyncio.gather(*(_check_endpoint(backend, i) for i in range(len(backend.health.endpoints))))
+    return all(results)
+
+
+async def _check_endpoint(backend: Backend, index: int) -> bool:
+    endpoint = backend.health.endpoints[index]
     seconds = backend.settings.health.check_timeout_seconds
     try:
         async with asyncio.timeout(seconds):
-            await backend.health_check()
+            await backend.check_endpoint(index)
     except TimeoutError:
         reason = f"no answer within {seconds:g}s (backends[].health.check_timeout_seconds)"
     except rpc.McpError as exc:
@@ -38,11 +45,9 @@ async def check_once(backend: Backend) -> bool:
     except Exception as exc:  # noqa: BLE001 - a check must never die; it says "failed"
         reason = f"{type(exc).__name__}: {exc}"
     else:
-        for endpoint in backend.health.endpoints:
-            endpoint.check_passed()
+        endpoint.check_passed()
         return True
-    for endpoint in backend.health.endpoints:
-        endpoint.check_failed(reason)
+    endpoint.check_failed(reason)
     return False
 
 
