@@ -397,8 +397,9 @@ async def test_two_endpoints_one_stopped_under_load_no_call_fails_and_metrics_sh
     with Scripted("pair") as first, Scripted("pair") as second:
         health = {"consecutive_failures": 2, "base_ejection_seconds": 60, "check_interval_seconds": 0.5,
                   "check_timeout_seconds": 0.5}
+        # retries: 0, so that only the move to another endpoint (not a retry) can save a call.
         settings = {"backends": [{"name": "pair", "urls": [first.url, second.url], "era": "modern",
-                                  "health": health}]}
+                                  "retries": 0, "health": health}]}
         first_endpoint = first.url.rsplit("/", 1)[0]
         async with running_gateway(settings) as gw:
             failures: list[str] = []
