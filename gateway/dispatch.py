@@ -20,6 +20,7 @@ from gateway.backends.concurrency import Slot
 from gateway.backends.retry import send_with_retries
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
+from gateway.deadlines import within
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
@@ -62,7 +63,7 @@ class Budget:
         self.seconds = target.backend.settings.timeout_seconds
         loop = asyncio.get_running_loop()
         self.started = loop.time()
-        self.timeout = asyncio.timeout_at(self.started + self.seconds)
+        self.timeout = within(self.started + self.seconds)  # coarse: no timer per call
         self.phase = "waiting for its answer"
 
     def exhausted(self) -> rpc.McpError:
@@ -456,7 +457,7 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
     wants_logs = call.log_level is not None
     try:
         if budget is not None:
-            first = asyncio.timeout_at(budget.started + budget.seconds)
+            first = within(budget.started + budget.seconds)
             try:
                 async with first:
                     msg = await anext(stream, None)
