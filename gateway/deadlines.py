@@ -1,5 +1,5 @@
-"""Coarse deadlines for the request path: `async with within(when):` like `asyncio.timeout_at`,
-without a timer per use.
+"""Coarse deadlines for the request path: `with within(when):` (inside a coroutine) bounds the
+block like `async with asyncio.timeout_at(when):`, without a timer per use.
 
 `asyncio.timeout_at` arms and cancels one loop timer per use; measured on this machine that
 is several times the cost of the rest of the call's budget bookkeeping, paid by every
@@ -50,7 +50,7 @@ _wheels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wheel] = weakref.
 
 
 class Deadline:
-    """One `async with` block bounded by loop time `when`."""
+    """One `with` block (in a task) bounded by loop time `when`."""
 
     __slots__ = ("when", "_task", "_fired", "_wheel", "_cancelling", "__weakref__")
 
@@ -69,7 +69,7 @@ class Deadline:
             self._fired = True
             self._task.cancel()
 
-    async def __aenter__(self) -> Deadline:
+    def __enter__(self) -> Deadline:
         loop = asyncio.get_running_loop()
         wheel = _wheels.get(loop)
         if wheel is None:
@@ -83,8 +83,8 @@ class Deadline:
             wheel.add(self)
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
         assert self._wheel is not None
         self._wheel.pending.pop(self, None)
         if self._fired and self._task is not None:

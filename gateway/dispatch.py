@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
 from gateway.backends.concurrency import Slot
-from gateway.backends.retry import send_with_retries
+from gateway.backends.retry import retry_after
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
 from gateway.deadlines import within
@@ -209,7 +209,7 @@ class Dispatcher:
         target, upstream_name = resolved
         budget = Budget(target, call)
         try:
-            async with budget.timeout:
+            with budget.timeout:
                 if call.method == "tools/call":
                     budget.phase = "refreshing its tool index"
                     annotations = await self._param_annotations(target, upstream_name)
@@ -308,7 +308,7 @@ class Dispatcher:
         streaming = meta.PROGRESS_TOKEN in m or meta.LOG_LEVEL in m
         budget = Budget(target, call)
         try:
-            async with budget.timeout:
+            with budget.timeout:
                 if streaming or "inputResponses" in call.params or "requestState" in call.params:
                     # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
                     reply = await self._forward(target, call, budget)
@@ -358,8 +358,16 @@ class Dispatcher:
         name = backend.name
         method = metrics.method_label(call.method)
         started = time.perf_counter()
+        backend.retry_budget.deposit()
         try:
-            reply = await send_with_retries(backend, call, health.failed)
+            try:
+                reply = await backend.send(call)
+            except rpc.McpError as exc:
+                # The first attempt is sent here, the rest (if any) by retry.py.
+                reply = await retry_after(backend, call, health.failed, error=exc)
+            else:
+                if reply.status >= 500:
+                    reply = await retry_after(backend, call, health.failed, reply=reply)
         except rpc.McpError as exc:
             if slot is not None:
                 slot.release()
@@ -385,7 +393,7 @@ class Dispatcher:
     async def _forward_within_budget(self, target: Target, call: Call) -> Reply:
         budget = Budget(target, call)
         try:
-            async with budget.timeout:
+            with budget.timeout:
                 return await self._forward(target, call, budget)
         except TimeoutError:
             if not budget.timeout.expired():
@@ -459,7 +467,7 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
         if budget is not None:
             first = within(budget.started + budget.seconds)
             try:
-                async with first:
+                with first:
                     msg = await anext(stream, None)
             except TimeoutError:
                 if not first.expired():

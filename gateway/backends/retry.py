@@ -92,20 +92,33 @@ async def send_with_retries(backend: Backend, call: Call, failed: Callable[[str]
     """`backend.send(call)`, sent again while the failure allows it (`reason_to_retry`), up to
     `backends[].retries` times, within the budget, never to an ejected backend. `failed` hears
     every failed attempt (the dispatcher feeds the backend's health with it)."""
-    settings = backend.settings
     backend.retry_budget.deposit()
+    try:
+        reply = await backend.send(call)
+    except rpc.McpError as exc:
+        return await retry_after(backend, call, failed, error=exc)
+    if reply.status >= 500:
+        return await retry_after(backend, call, failed, reply=reply)
+    return reply
+
+
+async def retry_after(backend: Backend, call: Call, failed: Callable[[str], None] | None, *,
+                      error: rpc.McpError | None = None, reply: Reply | None = None) -> Reply:
+    """After a first attempt that failed (`error`) or answered 5xx (`reply`): the retries, or
+    the failure as it stands. The dispatcher sends the first attempt itself, so that the calls
+    that succeed at once (nearly all) pay for none of this."""
+    settings = backend.settings
     attempt = 0
     while True:
-        try:
-            reply = await backend.send(call)
-        except rpc.McpError as exc:
-            if failed is not None and exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
-                failed(exc.message)
-            reason = reason_to_retry(call, exc) if attempt < settings.retries else None
+        if error is not None:
+            if failed is not None and error.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
+                failed(error.message)
+            reason = reason_to_retry(call, error) if attempt < settings.retries else None
             if reason is None or not _may_retry(backend, reason):
-                raise
-            log.info("retrying %s on %s (%s) after: %s", call.method, backend.name, reason, exc.message)
+                raise error
+            log.info("retrying %s on %s (%s) after: %s", call.method, backend.name, reason, error.message)
         else:
+            assert reply is not None
             if reply.status < 500:
                 return reply
             if failed is not None:
@@ -117,6 +130,11 @@ async def send_with_retries(backend: Backend, call: Call, failed: Callable[[str]
             await reply.aclose()
         await asyncio.sleep(backoff(settings, attempt))
         attempt += 1
+        error = reply = None
+        try:
+            reply = await backend.send(call)
+        except rpc.McpError as exc:
+            error = exc
 
 
 def _may_retry(backend: Backend, reason: Reason) -> bool:

@@ -15,7 +15,7 @@ async def test_a_block_past_its_deadline_ends_with_timeout_error_within_a_tick()
     started = loop.time()
     deadline = within(started + 0.2)
     with pytest.raises(TimeoutError):
-        async with deadline:
+        with deadline:
             await asyncio.sleep(5)
     elapsed = loop.time() - started
     assert deadline.expired() and 0.2 <= elapsed < 0.2 + 2 * TICK_SECONDS + 0.05, elapsed
@@ -24,7 +24,7 @@ async def test_a_block_past_its_deadline_ends_with_timeout_error_within_a_tick()
 async def test_a_block_that_finishes_in_time_is_left_alone_and_the_task_goes_on():
     loop = asyncio.get_running_loop()
     deadline = within(loop.time() + 0.2)
-    async with deadline:
+    with deadline:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)  # no stray cancellation after the block
     assert not deadline.expired()
@@ -33,7 +33,7 @@ async def test_a_block_that_finishes_in_time_is_left_alone_and_the_task_goes_on(
 async def test_a_deadline_already_past_fires_at_the_first_await():
     loop = asyncio.get_running_loop()
     with pytest.raises(TimeoutError):
-        async with within(loop.time() - 1):
+        with within(loop.time() - 1):
             await asyncio.sleep(1)
 
 
@@ -41,7 +41,7 @@ async def test_a_cancellation_from_elsewhere_is_not_turned_into_a_timeout():
     loop = asyncio.get_running_loop()
 
     async def body() -> None:
-        async with within(loop.time() + 10):
+        with within(loop.time() + 10):
             await asyncio.sleep(10)
 
     task = asyncio.create_task(body())
@@ -57,7 +57,7 @@ async def test_many_deadlines_each_fire_on_their_own():
 
     async def body(n: int, seconds: float) -> None:
         try:
-            async with within(loop.time() + seconds):
+            with within(loop.time() + seconds):
                 await asyncio.sleep(1)
         except TimeoutError:
             fired.append(n)
