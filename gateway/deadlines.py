@@ -47,6 +47,20 @@ class _Wheel:
 
 
 _wheels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wheel] = weakref.WeakKeyDictionary()
+# The last loop's wheel: a process serves from one loop, and the weak mapping costs a lookup.
+_last: tuple[asyncio.AbstractEventLoop | None, _Wheel | None] = (None, None)
+
+
+def _wheel_of(loop: asyncio.AbstractEventLoop) -> _Wheel:
+    global _last
+    last_loop, wheel = _last
+    if last_loop is loop and wheel is not None:
+        return wheel
+    wheel = _wheels.get(loop)
+    if wheel is None:
+        wheel = _wheels[loop] = _Wheel(loop)
+    _last = (loop, wheel)
+    return wheel
 
 
 class Deadline:
@@ -71,10 +85,8 @@ class Deadline:
 
     def __enter__(self) -> Deadline:
         loop = asyncio.get_running_loop()
-        wheel = _wheels.get(loop)
-        if wheel is None:
-            wheel = _wheels[loop] = _Wheel(loop)
-        self._task = task = asyncio.current_task()
+        wheel = _wheel_of(loop)
+        self._task = task = asyncio.current_task(loop)
         self._cancelling = task.cancelling() if task is not None else 0
         self._wheel = wheel
         if self.when <= loop.time():
