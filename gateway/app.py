@@ -7,9 +7,9 @@ The request pipeline is declared here, in order, as data (the shape of Starlette
                                                                   (parse → validate → route →
                                                                    cache → forward → rewrite)
 
-Host, origin, authentication (mode none) and size limits decide from the head alone: `wrap`
-runs such a row as one step (policies/head.py). Everything after "size limits" runs in
-`McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup:
+Host, origin, authentication and size limits decide from the head alone: `wrap` runs such a
+row as one step (policies/head.py), and each refuses with an `McpError`. Everything after
+"size limits" runs in `McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup:
 the hot path pays for no regex router.
 """
 
@@ -23,6 +23,7 @@ from starlette.middleware import Middleware
 from gateway import asgi, ops
 from gateway.endpoint import McpEndpoint
 from gateway.legacy_clients import LegacyClients
+from gateway.legacy_clients.fleet import fleet_from_settings
 from gateway.legacy_clients.sse_front import SseFront
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
@@ -39,8 +40,9 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.app")
 
 
-# Served beside the MCP endpoint; open even when auth.mode is jwt (k8s probes carry no token).
-OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics")
+# Served beside the MCP endpoint unless server.ops_port moves them to a listener of their own;
+# open even when auth.mode is jwt (k8s probes carry no token).
+OPERATIONAL_PATHS = ops.PATHS
 
 
 def pipeline(settings: GatewaySettings) -> list[Middleware]:
@@ -54,7 +56,8 @@ def pipeline(settings: GatewaySettings) -> list[Middleware]:
     if settings.auth.mode == "jwt":
         # Probes and OAuth discovery carry no token: those paths stay open, every other path
         # (the MCP endpoint, and any route added later) needs one (docs/auth.md).
-        open_paths = (*OPERATIONAL_PATHS, *metadata_paths(settings.auth, server.path))
+        ops_here = OPERATIONAL_PATHS if server.ops_port is None else ()
+        open_paths = (*ops_here, *metadata_paths(settings.auth, server.path))
         steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths, mcp_path=server.path))
     else:
         steps.append(Middleware(NoAuth))
@@ -80,7 +83,7 @@ def wrap(app: asgi.ASGIApp, steps: Sequence[Middleware]) -> asgi.ASGIApp:
 def _head_phase(app: asgi.ASGIApp, row: list[HeadPolicy]) -> asgi.ASGIApp:
     if not row:
         return app
-    return row[0] if len(row) == 1 else HeadPhase(app, row)
+    return HeadPhase(app, row)
 
 
 class GatewayApp:
@@ -97,6 +100,8 @@ class GatewayApp:
             max_sessions=server.legacy_max_sessions,
             keepalive_seconds=server.keepalive_seconds,
             input_timeout_seconds=server.legacy_input_timeout_seconds,
+            # Sessions any replica serves (secret + Redis).
+            fleet=fleet_from_settings(settings, self.runtime.replica.owner),
         ) if server.legacy_clients else None
         endpoint = McpEndpoint(
             self.runtime.dispatcher,
@@ -104,12 +109,11 @@ class GatewayApp:
             keepalive_seconds=settings.server.keepalive_seconds,
             legacy_clients=self.legacy_clients,
         )
-        self.routes: dict[str, asgi.ASGIApp] = {
-            settings.server.path: endpoint,
-            "/healthz": ops.healthz,
-            "/readyz": ops.Readyz(self.runtime),
-            "/metrics": ops.metrics,
-        }
+        self.routes: dict[str, asgi.ASGIApp] = {settings.server.path: endpoint}
+        # With an operations listener the probes and metrics live there only (`ops_app`).
+        self.ops_app = ops.OpsApp(self.runtime.readiness)
+        if server.ops_port is None:
+            self.routes.update(self.ops_app.routes)
         # HTTP+SSE clients (2024-11-05) on their own two paths, served by the same legacy
         # sessions, behind the same pipeline (host, origin, auth, limits).
         self.sse_front: SseFront | None = None
@@ -125,9 +129,13 @@ class GatewayApp:
         self.app = wrap(self._route, pipeline(settings))
 
     async def begin_shutdown(self) -> None:
-        """The server stopped accepting: long-lived streams end now, so the drain can finish."""
+        """The server stops accepting: long-lived streams end now, cleanly, so the drain can
+        finish instead of being held (and then cut) until the deadline: /sse streams,
+        initialize-era GET streams, and modern listens (their graceful-closure result)."""
         if self.sse_front is not None:
             self.sse_front.close_all()
+        if self.legacy_clients is not None:
+            self.legacy_clients.end_streams()
         await self.runtime.begin_shutdown()
 
     async def _route(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
@@ -150,6 +158,8 @@ class GatewayApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.runtime.start()
+                    if self.legacy_clients is not None:
+                        await self.legacy_clients.start()
                 except Exception as exc:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})

@@ -44,9 +44,20 @@ _RESOURCE_INDEX_REFRESH_SECONDS = 5.0
 
 
 class Hub(Protocol):
-    """The subscription hub seam: turns a client's listen call into its notification stream."""
+    """The subscription hub seam: turns a client's listen call into its notification stream,
+    with the lifecycle `Runtime` drives (subscriptions/hub.py `SubscriptionHub`)."""
 
     async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply: ...
+
+    async def start(self) -> None:
+        """Called once the backends and the cache are started (before any listen)."""
+
+    async def begin_shutdown(self) -> None:
+        """The server stopped accepting: end every client stream gracefully so that the drain
+        can finish."""
+
+    async def aclose(self) -> None:
+        """Stop everything (upstream streams, the bus); the hub is not used again."""
 
 
 class Budget:
@@ -103,7 +114,7 @@ class Dispatcher:
             return await self._read(call)
         if method == "completion/complete":
             return await self._complete(call)
-        if method == "subscriptions/listen":
+        if spec.stream_only:
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
             return await self.hub.listen(call, self.table.targets)
@@ -180,9 +191,10 @@ class Dispatcher:
     async def _list_page(self, target: Target, call: Call) -> Message:
         """One backend's page, within its `list_timeout_seconds`: a late backend is left out of
         the aggregated answer (fanout.py), not waited for. The deadline bounds the trip to the
-        backend only; a cache hit never arms it (measured: ~8 µs of a cached list, bench/README.md
-        "Second round"), and everything else a lookup may wait on is bounded on its own (the store's
-        socket timeouts, the fill lock's lifetime, the single-flight leader's own deadline)."""
+        backend only; a cache hit never arms it (a timer is a measurable share of a cached list:
+        bench/README.md "Profile"), and everything else a lookup may wait on is bounded on its own
+        (the store's socket timeouts, the fill lock's lifetime, the single-flight leader's own
+        deadline)."""
         limit = target.backend.settings.list_timeout_seconds
         try:
             async with asyncio.timeout(limit):

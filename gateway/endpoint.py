@@ -18,18 +18,17 @@ from typing import Any
 
 import orjson
 
-from gateway import asgi
+from gateway import asgi, direct_stream
 from gateway.backends.base import Message, Reply, aclose
 from gateway.dispatch import Dispatcher
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
+from gateway.protocol.principal import principal_of
 from gateway.protocol.request import Call, parse_call
 
 log = logging.getLogger("gateway.endpoint")
 
 _ALLOW = [(b"allow", b"POST")]
-# Methods whose work may be long: a client that goes away cancels the backend's work.
-_WATCH_DISCONNECT = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
 
 
 class McpEndpoint:
@@ -63,20 +62,21 @@ class McpEndpoint:
             await self.legacy_clients.handle(scope, body, headers, receive, send)
             return
         try:
-            call = parse_call(body, headers)
+            call = parse_call(body, headers, principal_of(scope))
         except rpc.McpError as exc:
             await asgi.send_error(send, exc)
             return
-        call.principal = scope.get("auth")
         if call.is_notification:
             await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})
             return
 
-        if call.method in _WATCH_DISCONNECT:
+        spec = call.spec
+        assert spec is not None  # a request's method is in the table (parse_call, step 9)
+        if spec.long_running:  # a client that goes away cancels the backend's work
             await self._answer_cancellable(call, receive, send)
-        elif call.method == "subscriptions/listen":
-            await self._answer_watching(call, receive, send)
+        elif spec.stream_only:
+            await self._answer_watching(call, receive, send, direct_stream.handover(scope))
         else:
             await self._answer(call, send)
 
@@ -99,8 +99,8 @@ class McpEndpoint:
 
         Nobody listens for the disconnect during the first `_WATCH_GRACE_SECONDS`: a watcher
         task is started only for calls that take longer. Most calls end well within it, and
-        for them this saves two tasks and an `asyncio.wait` (measured: 30.6 µs per call,
-        against 1.9 µs for the grace timer; bench/README.md "Profile"). A client that leaves
+        for them this saves two tasks and an `asyncio.wait`, many times what the grace timer
+        costs (bench/README.md "Profile"). A client that leaves
         sooner is noticed when the grace ends; its call is cancelled all the same."""
         # One lookup of the loop: on Python 3.11 each `get_running_loop()` (which
         # `current_task()` without a loop makes too) is a getpid() system call.
@@ -120,13 +120,16 @@ class McpEndpoint:
             if watch.fired:
                 request_task.uncancel()  # the cancellation was ours, and it is handled
 
-    async def _answer_watching(self, call: Call, receive: asgi.Receive, send: asgi.Send) -> None:
+    async def _answer_watching(self, call: Call, receive: asgi.Receive, send: asgi.Send,
+                               handover: direct_stream.Handover | None) -> None:
         """Answer in a task of its own, and cancel everything (upstream included) when the
         client disconnects. Used for `subscriptions/listen`, whose hub cancels the answering
         task to cut a stalled reader (hub.py `ClientListen._owner`): that must end this
         request quietly, so the work cannot run in the request task itself. Its cost is
-        paid once per stream, not per message."""
-        work = asyncio.ensure_future(self._answer(call, send))
+        paid once per stream, not per message; with a `handover` both tasks end once the
+        ack is written (`_answer_listen`)."""
+        work = asyncio.ensure_future(self._answer(call, send) if handover is None
+                                     else self._answer_listen(call, send, handover))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             done, _ = await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
@@ -141,6 +144,43 @@ class McpEndpoint:
         if work in done and not work.cancelled() and work.exception() is not None:
             raise work.exception()  # type: ignore[misc]
 
+    async def _answer_listen(self, call: Call, send: asgi.Send, handover: direct_stream.Handover) -> None:
+        """A listen under a server that can hand its response body over (direct_stream.py):
+        the stream's head goes through `send`, then the hub's client stream takes the
+        connection and writes the ack and every later notification itself, and this request
+        ends. An idle stream then holds no task, coroutine or queue (docs/subscriptions.md
+        "Delivery")."""
+        try:
+            reply = await self.dispatcher.dispatch(call)
+        except rpc.McpError as exc:
+            await asgi.send_error(send, exc.with_id(call.id))
+            return
+        except Exception:
+            log.exception("internal error answering %s", call.method)
+            await asgi.send_json(send, 500, rpc.error_message(call.id, rpc.INTERNAL_ERROR,
+                                                               "Internal error in the gateway"))
+            return
+        stream = reply.stream
+        deliver_to = getattr(stream, "deliver_to", None)
+        if deliver_to is None:
+            await self._write(reply, call, send)
+            return
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + (reply.headers or [])})
+            channel = handover.take_over()
+        except BaseException:
+            await reply.aclose()
+            raise
+        if channel is None:  # the client left before its ack
+            await reply.aclose()
+            return
+        try:
+            deliver_to(channel, self.keepalive_seconds)
+        except BaseException:
+            channel.cut()  # nobody else would ever end a body taken over
+            await reply.aclose()
+            raise
+
     async def _write(self, reply: Reply, call: Call, send: asgi.Send) -> None:
         extra = reply.headers or []
         if reply.stream is None:
@@ -152,62 +192,13 @@ class McpEndpoint:
 
     async def _write_stream(self, reply: Reply, call: Call, send: asgi.Send,
                             extra: list[tuple[bytes, bytes]]) -> None:
-        """Relay a stream event by event, with keep-alive comments on quiet stretches."""
-        stream, backend = reply.stream, reply.backend
+        """Relay a stream event by event, with keep-alive comments on quiet stretches: one
+        writer for every stream, a backend's made cancel-safe by `_PumpedStream` first."""
+        stream = reply.stream
         assert stream is not None
-        if getattr(stream, "cancel_safe_next", False):
-            await self._write_cancel_safe_stream(stream, call, send, extra)
-            return
-        # A generator cannot be awaited under a timeout: cancelling its `__anext__` finishes
-        # it. So a pump task reads it and this task waits on the queue, under the timeout.
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=64)
-
-        async def pump() -> None:
-            try:
-                async for message in stream:
-                    await queue.put(("msg", message))
-                await queue.put(("end", None))
-            except rpc.McpError as exc:
-                await queue.put(("err", exc))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broken backend must not break the client's stream framing
-                log.exception("stream from backend failed")
-                await queue.put(("err", rpc.backend_protocol_error(backend, repr(exc), call.id)))
-
-        pumper = asyncio.ensure_future(pump())
-        try:
-            # Inside the try: if the client is already gone, the pump and the upstream stream
-            # are still closed below.
-            await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + extra})
-            while True:
-                try:
-                    # asyncio.timeout reschedules one timer; wait_for would wrap a task per
-                    # message, which costs real time at thousands of listen streams.
-                    async with asyncio.timeout(self.keepalive_seconds):
-                        kind, item = await queue.get()
-                except TimeoutError:
-                    await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
-                    continue
-                if kind == "msg":
-                    final = "method" not in item
-                    await send({"type": "http.response.body", "body": sse.encode(item), "more_body": not final})
-                    if final:
-                        return
-                elif kind == "err":
-                    # Headers are sent: the error travels as the stream's final message.
-                    await send({"type": "http.response.body", "body": sse.encode(item.with_id(call.id).to_message()),
-                                "more_body": False})
-                    return
-                else:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    return
-        finally:
-            pumper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pumper
-            await reply.aclose()
-
+        if not getattr(stream, "cancel_safe_next", False):
+            stream = _PumpedStream(reply, call.id)
+        await self._write_cancel_safe_stream(stream, call, send, extra)
 
     async def _write_cancel_safe_stream(self, stream: AsyncIterator[Message], call: Call, send: asgi.Send,
                                         extra: list[tuple[bytes, bytes]]) -> None:
@@ -241,6 +232,54 @@ class McpEndpoint:
                     return
         finally:
             await aclose(stream)
+
+
+class _PumpedStream:
+    """A backend's stream, readable under a timeout. A generator cannot be awaited under one:
+    cancelling its `__anext__` finishes it. So a task reads it into a bounded queue, and
+    `__anext__` takes from the queue, which a timeout may cancel and call again without losing
+    a message. A backend's failure ends the stream as an `McpError` (a broken backend must not
+    break the client's stream framing); `aclose` stops the task and releases the reply."""
+
+    cancel_safe_next = True
+    __slots__ = ("_reply", "_queue", "_pump")
+
+    def __init__(self, reply: Reply, call_id: rpc.RequestId | None) -> None:
+        assert reply.stream is not None
+        self._reply = reply
+        self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=64)
+        self._pump = asyncio.ensure_future(self._run(reply.stream, reply.backend, call_id))
+
+    async def _run(self, stream: AsyncIterator[Message], backend: str, call_id: rpc.RequestId | None) -> None:
+        queue = self._queue
+        try:
+            async for message in stream:
+                await queue.put(("msg", message))
+            await queue.put(("end", None))
+        except rpc.McpError as exc:
+            await queue.put(("err", exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("stream from backend failed")
+            await queue.put(("err", rpc.backend_protocol_error(backend, repr(exc), call_id)))
+
+    def __aiter__(self) -> _PumpedStream:
+        return self
+
+    async def __anext__(self) -> Message:
+        kind, item = await self._queue.get()
+        if kind == "msg":
+            return item  # type: ignore[no-any-return]
+        if kind == "err":
+            raise item
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._pump
+        await self._reply.aclose()
 
 
 # How long a call runs before a watcher task listens for its client's disconnect.

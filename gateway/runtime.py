@@ -15,6 +15,7 @@ from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
 from gateway.protocol import jsonrpc as rpc
+from gateway.readiness import BackendState, BackendStates, ReadinessChecks
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
 from gateway.subscriptions import build_hub
@@ -34,24 +35,35 @@ class Runtime:
             [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends],
             max_uris=settings.server.max_resource_uris,
         )
-        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
-        self.hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
+        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
+        self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
         self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
         self._discovery: asyncio.Task[None] | None = None
         # Active health checks (backends/health_checks.py); their state feeds /readyz.
         self.health_checks = HealthChecks(self.backends)
         self.shutting_down = False
+        # What /readyz reads: kept by background checks, never probed on the request.
+        self.readiness = BackendStates((b.name for b in self.backends), settings.server.readiness)
+        self.readiness_checks = ReadinessChecks(self.readiness, self.backends,
+                                                settings.server.readiness_interval_seconds)
+        for backend in self.backends:
+            # Remembered health (backends/health.py) feeds readiness: an ejection is "failing" at once.
+            backend.health.listeners.append(self._health_changed)
+
+    def _health_changed(self, name: str, up: bool, reason: str | None) -> None:
+        if not up:
+            self.readiness.record(name, BackendState.FAILING, reason)
 
     async def start(self) -> None:
         await asyncio.gather(*(b.start() for b in self.backends))
         await self.cache.start()
-        starter = getattr(self.hub, "start", None)
-        if starter is not None:
-            await starter()
+        await self.hub.start()
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
         self.health_checks.start()
+        # Their first round joins that discovery (Backend.discover runs one at a time).
+        self.readiness_checks.start()
 
     async def discover_all(self, timeout: float = 10.0) -> None:
         async def one(backend: Backend) -> None:
@@ -77,45 +89,16 @@ class Runtime:
         """Called when the server stops accepting: long-lived streams get their graceful end
         so that in-flight requests can drain."""
         self.shutting_down = True
-        closer = getattr(self.hub, "begin_shutdown", None)
-        if closer is not None:
-            await closer()
+        await self.hub.begin_shutdown()
 
     async def aclose(self) -> None:
+        await self.readiness_checks.aclose()
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
         await self.health_checks.aclose()
-        closer = getattr(self.hub, "aclose", None)
-        if closer is not None:
-            await closer()
+        await self.hub.aclose()
         await self.cache.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
-
-    async def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when at least one backend is up (a fleet keeps serving with some backends
-        down; a sidecar's single backend decides alone). Read from the remembered health
-        (backends/health.py) without waiting; a backend nothing has judged yet is asked once,
-        within 2 s, and the answer is remembered as a check."""
-        report: dict[str, Any] = {}
-
-        async def probe(backend: Backend) -> None:
-            state = backend.health.state()
-            if state != "unknown":
-                report[backend.name] = state
-                return
-            try:
-                await asyncio.wait_for(backend.discover(max_age=10.0), 2.0)
-            except (rpc.McpError, TimeoutError) as exc:
-                reason = getattr(exc, "message", None) or "timeout"
-                _check_result(backend, reason)
-                report[backend.name] = reason
-            else:
-                _check_result(backend, None)
-                report[backend.name] = "ok"
-
-        await asyncio.gather(*(probe(b) for b in self.backends))
-        ready = not self.shutting_down and any(v == "ok" for v in report.values())
-        return ready, report
 
 
 def _check_result(backend: Backend, failure: str | None) -> None:

@@ -132,6 +132,8 @@ class Backend(abc.ABC):
             settings.name, settings.max_concurrent_calls, max_queued=settings.max_queued_calls,
             wait=settings.queue_wait_seconds))
         self.retry_budget = RetryBudget(settings.retry_budget_percent, settings.retry_budget_min_per_second)
+        # The clock of the discovery cache and failure memory (a test's ManualClock).
+        self.clock: Callable[[], float] = time.monotonic
 
     def endpoint_labels(self) -> tuple[str, ...]:
         """What the health metrics call each endpoint: its origin, or the process."""
@@ -205,7 +207,7 @@ class Backend(abc.ABC):
         (`max_age=0` asks for an answer now and skips that memory). With `stale_ok` the last
         known result stands in when a refresh fails, is late, or is already under way for
         another caller; otherwise the failure is raised."""
-        now = time.monotonic()
+        now = self.clock()
         if self._discovered is not None and now - self._discovered_at < max_age:
             return self._discovered
         if stale_ok and self._discovered is not None and (
@@ -215,7 +217,7 @@ class Backend(abc.ABC):
             raise self._remembered_failure()
         async with self._discover_lock:
             # Another caller may have refreshed (or failed) while this one waited.
-            if self._discovered is not None and time.monotonic() - self._discovered_at < max_age:
+            if self._discovered is not None and self.clock() - self._discovered_at < max_age:
                 return self._discovered
             if self._failed_recently(max_age):
                 if stale_ok and self._discovered is not None:
@@ -233,11 +235,11 @@ class Backend(abc.ABC):
             except rpc.McpError as exc:
                 failure = exc
             else:
-                self._discovered, self._discovered_at = result, time.monotonic()
+                self._discovered, self._discovered_at = result, self.clock()
                 self._discover_failure = None
                 self.last_error = None
                 return result
-            self._discover_failure, self._discover_failed_at = failure, time.monotonic()
+            self._discover_failure, self._discover_failed_at = failure, self.clock()
             self.last_error = failure.message
             if stale_ok and self._discovered is not None:
                 log.warning("backend %s: server/discover refresh failed (%s); serving the last known result",
@@ -258,7 +260,7 @@ class Backend(abc.ABC):
 
     def _failed_recently(self, max_age: float) -> bool:
         return (max_age > 0 and self._discover_failure is not None
-                and time.monotonic() - self._discover_failed_at < DISCOVER_FAILURE_MEMORY_SECONDS)
+                and self.clock() - self._discover_failed_at < DISCOVER_FAILURE_MEMORY_SECONDS)
 
     def _remembered_failure(self) -> rpc.McpError:
         """A fresh copy per raise: an McpError takes on each request's id (`with_id`)."""

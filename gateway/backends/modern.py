@@ -86,7 +86,7 @@ class ModernHttpBackend(Backend):
         """One POST (to `url`, or the backend's one URL); retries are the caller's
         (backends/retry.py), the same for every kind."""
         # A listen stream is quiet for as long as nothing changes: no read deadline.
-        read_timeout = None if call.method == "subscriptions/listen" else self.settings.timeout_seconds
+        read_timeout = None if call.stream_only else self.settings.timeout_seconds
         response = await self._client.post(url or self.url, call.wire_body(), self._headers(call),
                                            read_timeout=read_timeout, request_id=call.id)
         if response.content_type == "text/event-stream" and response.status < 400:
@@ -183,7 +183,7 @@ class ModernHttpBackend(Backend):
         with -31002 at max_call_seconds, however often the backend sends progress or
         keep-alives (SHTTP: senders SHOULD enforce a maximum); a listen stream has none."""
         messages = response.sse_messages()
-        deadline = None if call.method == "subscriptions/listen" else (
+        deadline = None if call.stream_only else (
             asyncio.get_running_loop().time() + self.settings.max_call_seconds)
         # The mapping spans the yields too: what the lower layer raises while a message is
         # awaited becomes the gateway's error, and nothing thrown in at a yield is mapped.

@@ -100,7 +100,7 @@ class ModernStdioBackend(Backend):
         """The exchange's messages for the client. A call waits `timeout_seconds` per message
         and ends with -31002 at `max_call_seconds` after it was sent, however often the process
         sends progress (SHTTP: senders SHOULD enforce a maximum); a listen has neither."""
-        deadline = None if call.method == "subscriptions/listen" else (
+        deadline = None if call.stream_only else (
             exchange.started + self.settings.max_call_seconds)
         overdue = functools.partial(self.overdue, call)
         try:

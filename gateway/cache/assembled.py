@@ -4,7 +4,7 @@ A cached `tools/list` over the fleet is the same answer request after request: t
 entries, merged the same way, encoded to the same bytes. Only the request id and the `ttlMs`
 left change. Assembling it again each time (a key digest and a store lookup per backend, a
 copy of every page, the merge, one encoding of the whole list) was most of a cache hit's cost
-(bench/README.md "Third round"). So the first answer assembled entirely from fresh entries is
+(bench/README.md "Profile"). So the first answer assembled entirely from fresh entries is
 kept here, encoded without its `ttlMs`, and the next identical request gets it back with its
 own id and the freshness left — provided nothing it was made from has changed:
 

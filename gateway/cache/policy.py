@@ -113,7 +113,7 @@ class CachePolicy:
             # (spec: caching §cacheScope): the backend answered this caller, and may answer
             # another one otherwise (its message can name the caller). So a remembered
             # "method not found" is reused for the same principal only, and never stored
-            # without an authenticated one (service.principal_of).
+            # without an authenticated one (`Principal.cache_key`).
             return Decision(
                 store=True,
                 ttl_ms=self.settings.negative_ttl_ms,

@@ -60,22 +60,6 @@ class _Filled:
     outcome: Outcome  # "miss", or "hit" when another replica fetched it
 
 
-def principal_of(call: Call) -> str | None:
-    """The identity a private answer may be stored under and shared with: the authenticated
-    principal (auth.mode jwt: the token's issuer + subject), or None. Without authentication
-    (auth.mode none) every caller is None, even one that sends an Authorization header: the
-    gateway verified nothing, so the header is no identity, only a value any client can send.
-    spec: caching §cacheScope, "private" MUST NOT be shared across authorization contexts;
-    digest §e [GW]: key private entries by the validated principal, never by unverified
-    headers. With None a private answer is neither stored nor handed to a coalesced caller,
-    as an HTTP shared cache never stores `Cache-Control: private` (RFC 9111 §5.2.2.7)."""
-    principal = call.principal
-    if not getattr(principal, "authenticated", False):
-        return None
-    key = getattr(principal, "key", None)
-    return key if isinstance(key, str) else None
-
-
 def cacheable(call: Call) -> bool:
     spec = call.spec
     if spec is None or not spec.cacheable:
@@ -109,7 +93,7 @@ class StoreCache:
                 call.params,
                 call.version,
                 self._fingerprint(target, call.method),
-                principal_of(call),
+                call.principal.cache_key,
             )
         except Uncacheable:
             return await self._without_store(backend, call, load)
@@ -136,7 +120,7 @@ class StoreCache:
                 lambda: self._fill(target, call, keys, tags, load),
                 lambda exc: _own_error(exc, call.id),
             )
-            if shared and not _shareable(filled, principal_of(call)):
+            if shared and not _shareable(filled, call.principal.cache_key):
                 # The answer that was fetched belongs to another principal: fetch our own.
                 filled, shared = await self._fill(target, call, keys, tags, load), False
         except rpc.McpError:
@@ -163,12 +147,12 @@ class StoreCache:
                         ) -> tuple[Message, bytes] | None:
         if not cacheable(call):
             return None
-        return self.assembled.again(call, principal_of(call), targets, revision)
+        return self.assembled.again(call, call.principal.cache_key, targets, revision)
 
     def keep_assembled(self, call: Call, targets: Sequence[Target], revision: int, sources: Sequence[Source],
                        result: dict[str, Any]) -> None:
         if cacheable(call):
-            self.assembled.keep(call, principal_of(call), targets, revision, sources, result)
+            self.assembled.keep(call, call.principal.cache_key, targets, revision, sources, result)
 
     def _usable_stale(self, entry: Entry, now: int) -> bool:
         window = self.settings.stale_if_error_ms
@@ -188,7 +172,7 @@ class StoreCache:
         self, target: Target, call: Call, keys: RequestKeys, tags: tuple[str, ...], load: Loader
     ) -> _Filled:
         backend = target.backend.name
-        principal = principal_of(call)
+        principal = call.principal.cache_key
         # Read before the backend is asked: an invalidation after this point makes the answer
         # unfit to store (it may predate the change the notification announced).
         try:

@@ -14,6 +14,10 @@ subscriptions and cancellation are therefore the ones docs/legacy-clients.md des
 
 The connection is the session: when the client's GET ends, the gateway session ends with it.
 A POST must come from the principal that opened the stream (else 404, as for an unknown id).
+
+Replicas: the stream is one connection to one replica, and only that replica can write the
+answers. When sessions are shared by the fleet (fleet.py), the endpoint's `session_id` is
+sealed and names that replica, so a POST that a balancer sends elsewhere is forwarded there.
 """
 
 from __future__ import annotations
@@ -25,14 +29,17 @@ import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import orjson
 
 from gateway import asgi
-from gateway.protocol import jsonrpc as rpc
+from gateway.legacy_clients.fleet import FORWARDED_HEADER
+from gateway.legacy_clients.sealed import SSE_STREAM, principal_binding
 from gateway.legacy_clients.sessions import is_authenticated, per_principal_share, principal_key
+from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
+from gateway.protocol.principal import principal_of
 
 if TYPE_CHECKING:
     from gateway.legacy_clients.server import LegacyClients
@@ -47,9 +54,6 @@ _INTERNAL_ACCEPT = (b"accept", b"application/json, text/event-stream")
 # would otherwise hold the stream, and its session, for ever).
 _QUEUE_LIMIT = 1000
 _STALLED_WRITE_SECONDS = 60.0
-# Marks the internal requests in their scope: `initialize` may then negotiate 2024-11-05,
-# the revision whose clients speak this transport (server.py).
-OLD_TRANSPORT = "mcp_gateway.http_sse"
 
 
 class _Connection:
@@ -58,7 +62,7 @@ class _Connection:
     def __init__(self, connection_id: str, principal: str, scope: asgi.Scope) -> None:
         self.id = connection_id
         self.principal_key = principal
-        self.auth = scope.get("auth")
+        self.auth = principal_of(scope)
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue(_QUEUE_LIMIT)
         self.closed = asyncio.Event()
         self.session_id: str | None = None  # the gateway session, once initialize succeeded
@@ -170,7 +174,7 @@ class SseFront:
                 "are open (a share of server.legacy_max_sessions); close one first",
                 {"limit": "legacy_clients.MAX_SESSIONS_PER_PRINCIPAL", "max": self.max_per_principal}))
             return
-        connection = _Connection(secrets.token_urlsafe(24), principal_key(scope), scope)
+        connection = _Connection(self._connection_id(scope), principal_key(scope), scope)
         self._connections[connection.id] = connection
         if counted:
             self._held[connection.principal_key] += 1
@@ -190,6 +194,46 @@ class SseFront:
                     del self._held[connection.principal_key]
             connection.closed.set()
             await self._end(connection)
+
+    def _connection_id(self, scope: asgi.Scope) -> str:
+        """Random; with a fleet, sealed around that and this replica's messages URL, so other
+        replicas can forward this stream's POSTs here."""
+        fleet = self.server.fleet
+        random_id = secrets.token_urlsafe(24)
+        if fleet is None or not fleet.owner_url.startswith(("http://", "https://")):
+            return random_id
+        owner = urlsplit(fleet.owner_url)
+        here = urlunsplit((owner.scheme, owner.netloc, self.messages_path, "", ""))
+        return fleet.sealer.seal(SSE_STREAM, {"c": random_id, "o": here, "p": principal_binding(principal_key(scope))})
+
+    async def _forward(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, connection_id: str) -> bool:
+        """A POST for a stream another replica holds: relayed there, its answer relayed back.
+        False when `connection_id` names no such stream of this caller."""
+        fleet = self.server.fleet
+        headers = asgi.header_dict(scope)
+        facts = fleet.sealer.open(SSE_STREAM, connection_id) if fleet is not None else None
+        if (facts is None or FORWARDED_HEADER in headers or not isinstance(facts.get("o"), str)
+                or not secrets.compare_digest(str(facts.get("p")), principal_binding(principal_key(scope)))):
+            return False
+        body = await asgi.read_body_or_refuse(receive, send, self.max_body_bytes)
+        if body is None:
+            return True
+        forwarded = {name: headers[name] for name in ("content-type", "authorization", "traceparent", "tracestate")
+                     if name in headers}
+        forwarded[FORWARDED_HEADER] = "1"
+        try:
+            response = await fleet.forwarder().post(f"{facts['o']}?session_id={quote(connection_id)}", body, forwarded,
+                                                  read_timeout=10.0)
+            answer = await response.read()
+        except rpc.McpError as exc:
+            log.warning("forwarding an HTTP+SSE POST to %s failed: %s", facts["o"], exc.message)
+            await _unknown_session(send, self.path)  # the stream died with its replica
+            return True
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": [(b"content-type", response.headers.get("content-type", "text/plain").encode("latin-1")),
+                                (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+        return True
 
     async def _pump(self, connection: _Connection, receive: asgi.Receive, send: asgi.Send) -> None:
         async def disconnect() -> None:
@@ -231,7 +275,11 @@ class SseFront:
             await _method_not_allowed(send, scope["method"], "POST", "POST messages here")
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        connection = self._connections.get((query.get("session_id") or [""])[0])
+        connection_id = (query.get("session_id") or [""])[0]
+        connection = self._connections.get(connection_id)
+        if connection is None and self.server.fleet is not None and await self._forward(scope, receive, send,
+                                                                                        connection_id):
+            return
         if connection is None or connection.principal_key != principal_key(scope):
             # Another principal's stream is as unknown as a closed one (no existence oracle).
             await _unknown_session(send, self.path)
@@ -275,10 +323,11 @@ class SseFront:
                 connection.session_id = session_id.decode("latin-1")
             return True
 
-        inner = {**scope, "method": "POST", "query_string": b"", "auth": connection.auth, OLD_TRANSPORT: True,
+        inner = {**scope, "method": "POST", "query_string": b"", "auth": connection.auth,
                  "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
         try:
-            await self.server.handle(inner, body, headers, connection.disconnected, _Relay(connection, started))
+            await self.server.handle(inner, body, headers, connection.disconnected, _Relay(connection, started),
+                                     old_transport=True)
         except Exception:
             log.exception("legacy SSE client %s: a message failed", connection.id[:8])
             return
@@ -297,9 +346,7 @@ class SseFront:
             await self.server(inner, connection.disconnected, relay)
 
     async def _end_session(self, connection: _Connection, session_id: str) -> None:
-        session = self.server.sessions.get(session_id, connection.principal_key)
-        if session is not None:
-            await self.server.sessions.end(session)
+        await self.server.end_session(session_id, connection.principal_key)
 
 
 async def _unknown_session(send: asgi.Send, path: str) -> None:

@@ -13,8 +13,9 @@ caller's scopes are checked against what the request needs. Outcomes (RFC 6750 �
     scopes missing                    403  … error="insufficient_scope", scope=<all required>
     key set unreachable, never held   503  (our outage: the client must not re-authorize)
 
-Each answer has an id-less JSON-RPC error body saying what failed. A valid token sets
-`scope["auth"]` to its `Principal`. The token itself goes no further: the backends never see
+Each answer is an `McpError` (the one refusal shape of head policies, policies/head.py): an
+id-less JSON-RPC error body saying what failed, with its status and headers. A valid token
+sets `scope["auth"]` to its `Principal` (protocol/principal.py). The token itself goes no further: the backends never see
 the client's Authorization header (spec: "MUST NOT pass through the token"; the backend
 transport builds its own headers and never copies the client's).
 
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import jwt
 
 from gateway import asgi
-from gateway.policies.auth import Principal
+from gateway.policies.head import HeadPolicy
 from gateway.policies.jwt_config import (
     ScopeRules,
     expand_scopes,
@@ -43,6 +44,7 @@ from gateway.policies.jwt_config import (
 )
 from gateway.policies.jwt_keys import JwksKeys, KeySetUnreachable, KeySource, KeyUnavailable, StaticKey
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.principal import Principal
 from gateway.protocol.versions import is_modern
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ MAX_AUTHORIZATION_BYTES = 64 * 1024
 # error_description echoes what the token claimed (kid, alg, crit names): bounded, so a client
 # cannot make the challenge header (or the log line) as large as its own request.
 _MAX_DESCRIPTION = 200
+_REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 431: "Request Header Fields Too Large"}
 
 
 class AuthFailure(Exception):
@@ -199,46 +202,45 @@ def key_source(auth: AuthSettings) -> KeySource:
     return StaticKey(load_public_key(auth))
 
 
-class JwtAuth:
+class JwtAuth(HeadPolicy):
+    # Every path but the open ones needs a token; the gateway serves no WebSocket endpoint,
+    # and closing the handshake here means none can ever appear unauthenticated.
+    closes_websockets = True
+
     def __init__(self, app: asgi.ASGIApp, *, auth: AuthSettings, open_paths: Iterable[str] = (),
                  keys: KeySource | None = None, mcp_path: str = "/mcp") -> None:
         if auth.mode != "jwt":
             raise ValueError("JwtAuth needs auth.mode: jwt")
-        self.app = app
+        super().__init__(app)
         # The one place whose body phase holds Mcp-Method to the body (`_declared_method`).
         self.mcp_path = mcp_path.rstrip("/") or "/"
         self.verifier = JwtVerifier(auth, keys if keys is not None else key_source(auth))
         self.scopes = ScopeRules.from_settings(auth)
         self.metadata_url = metadata_url(auth)
         self.open_paths = frozenset(p.rstrip("/") or "/" for p in open_paths)
+        # The token claims a principal carries (`Principal.claims`); none are configured yet
+        # (the governance rules of issue 19 will name them in `auth.claims`).
+        self.claim_names: tuple[str, ...] = ()
 
-    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        if scope["type"] == "websocket":
-            # The gateway serves no WebSocket endpoint; refusing here means none can ever
-            # appear unauthenticated (ASGI: close before accept → HTTP 403).
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         if scope.get("query_string") and _has_query_token(scope["query_string"]):
             _redact_query_token(scope)  # refused below (400), or an open path: logged either way
         if (scope["path"].rstrip("/") or "/") in self.open_paths:
-            await self.app(scope, receive, send)
-            return
+            return None
         needed = self.scopes.for_method(self._declared_method(scope))
         try:
             scope["auth"] = await self.authenticate(scope, needed)
         except AuthFailure as failure:
-            await self._refuse(send, failure, needed)
-            return
+            return self._refusal(failure, needed)
         except KeySetUnreachable as exc:
             log.error("cannot verify tokens: %s", exc)
-            await asgi.send_json(send, 503, rpc.error_message(
-                None, rpc.BACKEND_UNAVAILABLE, f"Service Unavailable: cannot verify the access token: {exc}",
-                {"dependency": "jwks", "url": getattr(self.verifier.keys, "url", None)}), [(b"retry-after", b"5")])
-            return
-        await self.app(scope, receive, send)
+            # Our outage, not the client's credentials: 503 and no challenge, so that the
+            # client retries rather than re-authorizes.
+            return rpc.McpError(
+                rpc.BACKEND_UNAVAILABLE, f"Service Unavailable: cannot verify the access token: {exc}", status=503,
+                data={"dependency": "jwks", "url": getattr(self.verifier.keys, "url", None)},
+                headers={"Retry-After": "5"})
+        return None
 
     async def authenticate(self, scope: asgi.Scope, needed: tuple[str, ...]) -> Principal:
         token = bearer_token(scope)
@@ -252,22 +254,20 @@ class JwtAuth:
         missing = [s for s in needed if s not in granted]
         if missing:
             raise AuthFailure(403, "insufficient_scope", f"the token lacks scope {' '.join(missing)}")
-        return Principal(subject=subject, issuer=claims["iss"], authenticated=True, scopes=granted)
+        return Principal(subject=subject, issuer=claims["iss"], authenticated=True, scopes=granted,
+                         claims={name: claims[name] for name in self.claim_names if name in claims})
 
-    async def _refuse(self, send: asgi.Send, failure: AuthFailure, needed: tuple[str, ...]) -> None:
+    def _refusal(self, failure: AuthFailure, needed: tuple[str, ...]) -> rpc.McpError:
         # The scope parameter names everything this operation needs, in one challenge (spec:
         # authorization §Runtime Insufficient Scope Errors), on 401 as well (§Scope Selection).
         challenge = www_authenticate(self.metadata_url, error=failure.error, scopes=needed,
                                      description=failure.description if failure.error else None)
         # Debug, not info: a 401 is the normal first step of every OAuth client.
         log.debug("auth refused (%d %s): %s", failure.status, failure.error or "no token", failure.description)
-        reason = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-                  431: "Request Header Fields Too Large"}[failure.status]
+        reason = _REASONS[failure.status]
         # 431 (RFC 6585 §5) is about the size of the request, not its credentials: no challenge.
-        headers = [] if failure.status == 431 else [(b"www-authenticate", challenge.encode("latin-1"))]
-        await asgi.send_json(send, failure.status,
-                             rpc.error_message(None, rpc.INVALID_REQUEST, f"{reason}: {failure.description}"),
-                             headers)
+        headers = None if failure.status == 431 else {"WWW-Authenticate": challenge}
+        return rpc.request_refused(failure.status, f"{reason}: {failure.description}", headers=headers)
 
     def _declared_method(self, scope: asgi.Scope) -> str | None:
         """The method the request says it carries, from `Mcp-Method` (header first: decided

@@ -4,7 +4,8 @@ reject oversized input early). The endpoint still counts the bytes of chunked bo
 from __future__ import annotations
 
 from gateway import asgi
-from gateway.policies.head import HeadPolicy, Refusal
+from gateway.policies.head import HeadPolicy
+from gateway.protocol import jsonrpc as rpc
 
 
 class RequestLimits(HeadPolicy):
@@ -15,11 +16,11 @@ class RequestLimits(HeadPolicy):
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
 
-    def admit(self, scope: asgi.Scope) -> Refusal | None:
+    def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         size = sum([len(name) + len(value) for name, value in scope["headers"]])
         if size > self.max_header_bytes:
-            return Refusal(431, f"Request headers exceed {self.max_header_bytes} bytes")
+            return rpc.request_refused(431, f"Request headers exceed {self.max_header_bytes} bytes")
         length = asgi.request_headers(scope).get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            return Refusal(413, f"Request body exceeds {self.max_body_bytes} bytes")
+            return rpc.request_refused(413, f"Request body exceeds {self.max_body_bytes} bytes")
         return None

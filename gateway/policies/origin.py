@@ -23,13 +23,14 @@ from collections.abc import Iterable
 from urllib.parse import SplitResult, urlsplit
 
 from gateway import asgi
-from gateway.policies.head import HeadPolicy, Refusal
+from gateway.policies.head import HeadPolicy
+from gateway.protocol import jsonrpc as rpc
 
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "localhost.localdomain"})
 
 
-# Memoized: it runs on every request (Host check) and parsing an IP address costs ~4 % of a
-# cached tools/list (bench/README.md "Profile"). Bounded, since clients choose the names.
+# Memoized: it runs on every request (Host check), and parsing an IP address is a visible share
+# of a cached tools/list (bench/README.md "Profile"). Bounded, since clients choose the names.
 @functools.lru_cache(maxsize=1024)
 def _is_loopback_host(host: str) -> bool:
     # Brackets already off (urlsplit's hostname, `_split_host`): one left over means a
@@ -66,8 +67,8 @@ def _valid_port(parts: SplitResult) -> bool:
     return True
 
 
-def _forbidden(why: str) -> Refusal:
-    return Refusal(403, f"Forbidden: {why}")
+def _forbidden(why: str) -> rpc.McpError:
+    return rpc.request_refused(403, f"Forbidden: {why}")
 
 
 class OriginPolicy(HeadPolicy):
@@ -95,7 +96,7 @@ class OriginPolicy(HeadPolicy):
             return True
         return self.trust_same_host and host is not None and parts.netloc == host.lower()
 
-    def admit(self, scope: asgi.Scope) -> Refusal | None:
+    def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         headers = asgi.request_headers(scope)
         origin = headers.get("origin")
         if origin is not None and not self.origin_allowed(origin, headers.get("host")):
@@ -111,7 +112,7 @@ class HostPolicy(HeadPolicy):
         super().__init__(app)
         self.allowed = frozenset(h.lower() for h in allowed_hosts)
 
-    def admit(self, scope: asgi.Scope) -> Refusal | None:
+    def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         host = _split_host(asgi.request_headers(scope).get("host", ""))
         if not (_is_loopback_host(host) or host in self.allowed):
             return _forbidden(f"Host {host!r} is not a loopback name or an allowed host (DNS-rebinding protection)")

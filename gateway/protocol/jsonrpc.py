@@ -6,6 +6,7 @@ status the spec names for it (digest §a.3) and, when it could be read, the requ
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -220,11 +221,21 @@ def backend_timeout(backend: str, seconds: float, request_id: RequestId | None =
     )
 
 
-def gateway_overloaded(detail: str, *, limit: str, data: dict[str, Any] | None = None,
-                       request_id: RequestId | None = None) -> McpError:
-    """A gateway bound was reached; `limit` names the setting that sets it."""
-    return McpError(GATEWAY_OVERLOADED, detail, status=503, data={"limit": limit, **(data or {})},
-                    request_id=request_id)
+def gateway_overloaded(detail: str, *, limit: str, status: int = 503, retry_after: float | None = None,
+                       data: dict[str, Any] | None = None, request_id: RequestId | None = None) -> McpError:
+    """A gateway bound was reached; `limit` names the setting that sets it. 503 when the
+    gateway (or this replica) is full, 429 when this caller used up its own share (RFC 6585
+    §4); `retry_after` seconds become `Retry-After` (RFC 9110 §10.2.3), rounded up."""
+    headers = {"Retry-After": str(max(0, math.ceil(retry_after)))} if retry_after is not None else None
+    return McpError(GATEWAY_OVERLOADED, detail, status=status, data={"limit": limit, **(data or {})},
+                    request_id=request_id, headers=headers)
+
+
+def request_refused(status: int, message: str, *, headers: dict[str, str] | None = None,
+                    data: Any = None) -> McpError:
+    """An id-less -32600 answered from the request head, before the body is read (digest §a.3:
+    403 Origin/Host, 413, 431; RFC 6750 §3 for 400/401/403 with `WWW-Authenticate`)."""
+    return McpError(INVALID_REQUEST, message, status=status, data=data, headers=headers)
 
 
 def backend_refused(backend: str, status: int, body: bytes, request_id: RequestId | None = None,

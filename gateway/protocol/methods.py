@@ -1,7 +1,9 @@
 """The modern request methods and what the gateway needs to know about each.
 
-One table, so that routing, caching and validation agree on which methods exist, which
-mirror a name into `Mcp-Name`, which may be retried, cached, or answered with MRTR.
+One table, so that routing, caching, validation, the endpoint and the backends agree on which
+methods exist, which mirror a name into `Mcp-Name`, which may be retried, cached, answered
+with MRTR, which may run long and which answer with a stream that stays open. Code reads
+these facts from here (`call.spec`) rather than listing method names of its own.
 """
 
 from __future__ import annotations
@@ -25,16 +27,27 @@ class MethodSpec:
     cacheable: bool = False
     # May answer with InputRequiredResult (spec: basic/patterns/mrtr).
     mrtr: bool = False
+    # The work may take long (a tool, a prompt, a read, a completion): a client that goes away
+    # cancels it (SHTTP §Cancellation), and an initialize-era client that accepts SSE gets its
+    # answer as a stream, for progress, logs and requests for input (L-TR §Sending).
+    long_running: bool = False
+    # The answer is a stream of notifications that stays open until the client leaves
+    # (subscriptions/listen; spec: basic/utilities/subscriptions): no read deadline upstream,
+    # answered in a task of its own, served by the subscription hub.
+    stream_only: bool = False
 
+
+# The name of the one stream-only method, for the gateway's own listen requests.
+LISTEN = "subscriptions/listen"
 
 METHODS: dict[str, MethodSpec] = {
     m.name: m
     for m in (
         MethodSpec("server/discover", idempotent=True, cacheable=True),
         MethodSpec("tools/list", capability="tools", list_key="tools", idempotent=True, cacheable=True),
-        MethodSpec("tools/call", name_field="name", capability="tools", mrtr=True),
+        MethodSpec("tools/call", name_field="name", capability="tools", mrtr=True, long_running=True),
         MethodSpec("prompts/list", capability="prompts", list_key="prompts", idempotent=True, cacheable=True),
-        MethodSpec("prompts/get", name_field="name", capability="prompts", mrtr=True),
+        MethodSpec("prompts/get", name_field="name", capability="prompts", mrtr=True, long_running=True),
         MethodSpec("resources/list", capability="resources", list_key="resources", idempotent=True, cacheable=True),
         MethodSpec(
             "resources/templates/list",
@@ -44,10 +57,15 @@ METHODS: dict[str, MethodSpec] = {
             cacheable=True,
         ),
         MethodSpec("resources/read", name_field="uri", capability="resources", idempotent=True, cacheable=True,
-                   mrtr=True),
-        MethodSpec("completion/complete", capability="completions"),
-        MethodSpec("subscriptions/listen"),
+                   mrtr=True, long_running=True),
+        MethodSpec("completion/complete", capability="completions", long_running=True),
+        MethodSpec(LISTEN, stream_only=True),
     )
 }
 
 LIST_METHODS = frozenset(m.name for m in METHODS.values() if m.list_key)
+
+
+def is_long_running(method: str) -> bool:
+    spec = METHODS.get(method)
+    return spec is not None and spec.long_running

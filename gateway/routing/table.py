@@ -219,7 +219,7 @@ class RouteTable:
         index = self._param_headers.setdefault(target.backend.name, {})
         # Schemas are walked only when the annotation key occurs in the list at all: most
         # backends use none, and walking every schema in Python was half the cost of a
-        # forwarded tools/list (bench/README.md "Second round"); one C-level encoding of the
+        # forwarded tools/list (bench/README.md "Profile"); one C-level encoding of the
         # list answers that question for a fraction of it.
         if not _mentions_annotations(tools):
             kept = [tool for tool in tools if isinstance(tool, dict) and isinstance(tool.get("name"), str)]

@@ -11,21 +11,21 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.backends.base import Backend, internal_call
+from gateway.backends.base import internal_call
 from gateway.cache import admin
 from gateway.cache.factory import build_store
 from gateway.cache.service import StoreCache
-from gateway.policies.auth import Principal
+from gateway.protocol.principal import Principal
 from gateway.routing.table import Target
-from gateway.settings import BackendSettings, CacheSettings
+from gateway.settings import CacheSettings
+from tests.support.fake_backend import FakeBackend
 
 
-class NamedBackend(Backend):
-    async def send(self, call):  # pragma: no cover - never called
-        raise AssertionError("the cache must call the loader, not the backend")
+def never_called(call):  # pragma: no cover - the cache must call the loader, not the backend
+    raise AssertionError("the cache must call the loader, not the backend")
 
 
-TARGET = Target(NamedBackend(BackendSettings(name="alpha", url="http://127.0.0.1:1/mcp")), "")
+TARGET = Target(FakeBackend(never_called, name="alpha"), "")
 
 
 def tools_list() -> Any:

@@ -10,54 +10,56 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.backends.base import Backend, Reply, internal_call
+from gateway.backends.base import internal_call
 from gateway.cache.assembled import MAX_ANSWERS
 from gateway.cache.memory import MemoryStore
 from gateway.cache.service import StoreCache
 from gateway.dispatch import Dispatcher
-from gateway.policies.auth import Principal
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.principal import Principal
 from gateway.routing.table import RouteTable, Target
-from gateway.settings import BackendSettings, CacheSettings
+from gateway.settings import CacheSettings
 from tests.support.clock import ManualClock
+from tests.support.fake_backend import FakeBackend
 
-# Authenticated (auth.mode jwt): only those key private entries (service.principal_of).
+# Authenticated (auth.mode jwt): only those key private entries (`Principal.cache_key`).
 ALICE, BOB = Principal("alice", "https://idp", True), Principal("bob", "https://idp", True)
 
 
-class ListingBackend(Backend):
-    """Answers tools/list and prompts/list with `self.tools` as names, at `self.ttl` and
-    `self.scope`; or fails."""
+class Listing:
+    """A FakeBackend handler: answers tools/list and prompts/list with `self.tools` as names, at
+    `self.ttl` and `self.scope`; or fails. The backend's `calls` count what reached it."""
 
     def __init__(self, name: str, tools: list[str]) -> None:
-        super().__init__(BackendSettings(name=name, url="http://127.0.0.1:1/mcp"))
+        self.name = name
         self.tools = tools
         self.ttl, self.scope = 60_000, "public"
         self.fail = False
-        self.lists = 0
 
-    async def send(self, call):
+    def __call__(self, call):
         assert call.method in ("tools/list", "prompts/list")
-        self.lists += 1
         if self.fail:
             raise rpc.McpError(rpc.BACKEND_UNAVAILABLE, f"{self.name} is down", status=502)
         items = ([{"name": t, "inputSchema": {"type": "object"}} for t in self.tools] if call.method == "tools/list"
                  else [{"name": t} for t in self.tools])
-        result = {call.method.split("/")[0]: items, "resultType": "complete", "ttlMs": self.ttl,
-                  "cacheScope": self.scope}
-        return Reply(self.name, message={"jsonrpc": "2.0", "id": call.id, "result": result})
+        return {call.method.split("/")[0]: items, "resultType": "complete", "ttlMs": self.ttl,
+                "cacheScope": self.scope}
+
+
+def listing_backend(name: str, tools: list[str]) -> FakeBackend:
+    return FakeBackend(Listing(name, tools), name=name)
 
 
 @pytest.fixture
 def fleet():
     clock = ManualClock()
-    backends = [ListingBackend("alpha", ["a1", "a2"]), ListingBackend("beta", ["b1"])]
+    backends = [listing_backend("alpha", ["a1", "a2"]), listing_backend("beta", ["b1"])]
     table = RouteTable([Target(b, f"{b.name}__") for b in backends])
     cache = StoreCache(MemoryStore(max_entries=100, max_bytes=1 << 20, clock=clock), CacheSettings(), clock=clock)
     return Dispatcher(table, cache=cache), backends, clock
 
 
-def tools_list(principal: Principal | None = ALICE, request_id: Any = 1, method: str = "tools/list", **params: Any):
+def tools_list(principal: Principal = ALICE, request_id: Any = 1, method: str = "tools/list", **params: Any):
     call = internal_call(method, params, request_id=request_id)
     call.principal = principal
     return call
@@ -84,7 +86,7 @@ async def test_a_repeated_list_is_reused_with_its_own_id_and_the_freshness_left(
     third, status3 = await answer(dispatcher, tools_list(request_id="three"))
     assert (status1, status2, status3) == ("miss", "hit", "hit")
     assert reused(dispatcher) == 1
-    assert [b.lists for b in backends] == [1, 1]
+    assert [len(b.calls) for b in backends] == [1, 1]
     assert third["id"] == "three"
     assert third["result"]["ttlMs"] == second["result"]["ttlMs"] - 1_500 > 0
     without = lambda m: {k: v for k, v in m["result"].items() if k != "ttlMs"}  # noqa: E731
@@ -96,7 +98,7 @@ async def test_an_invalidation_ends_the_reuse(fleet):
     dispatcher, backends, _ = fleet
     for request_id in (1, 2):
         await answer(dispatcher, tools_list(request_id=request_id))
-    backends[0].tools = ["a1", "a3"]
+    backends[0].handler.tools = ["a1", "a3"]
     await dispatcher.cache.invalidate_lists("alpha", ("tools/list",))
     after, status = await answer(dispatcher, tools_list(request_id=3))
     assert status == "miss"
@@ -112,13 +114,13 @@ async def test_expiry_ends_the_reuse(fleet):
     _, status = await answer(dispatcher, tools_list(request_id=3))
     assert status == "miss"
     assert reused(dispatcher) == 0
-    assert [b.lists for b in backends] == [2, 2]
+    assert [len(b.calls) for b in backends] == [2, 2]
 
 
 async def test_private_answers_are_reused_only_for_their_principal(fleet):
     dispatcher, backends, _ = fleet
     for b in backends:
-        b.scope = "private"
+        b.handler.scope = "private"
     for request_id in (1, 2, 3):
         await answer(dispatcher, tools_list(ALICE, request_id))
     assert reused(dispatcher) == 1
@@ -126,7 +128,7 @@ async def test_private_answers_are_reused_only_for_their_principal(fleet):
     assert status == "miss"  # Bob's own entries, fetched for him
     assert bob["result"]["cacheScope"] == "private"
     assert reused(dispatcher) == 1
-    assert [b.lists for b in backends] == [2, 2]
+    assert [len(b.calls) for b in backends] == [2, 2]
 
 
 async def test_what_the_route_table_learns_ends_the_reuse(fleet):
@@ -144,7 +146,7 @@ async def test_what_the_route_table_learns_ends_the_reuse(fleet):
 async def test_a_partial_answer_is_never_kept(fleet):
     dispatcher, backends, _ = fleet
     await answer(dispatcher, tools_list(request_id=1))
-    backends[1].fail = True
+    backends[1].handler.fail = True
     await dispatcher.cache.invalidate_lists("beta", ("tools/list",))
     for request_id in (2, 3):
         partial, _ = await answer(dispatcher, tools_list(request_id=request_id))
@@ -169,12 +171,12 @@ async def test_requests_that_differ_in_what_shapes_the_answer_are_kept_apart(fle
 
 
 async def test_without_a_cache_nothing_is_kept():
-    backends = [ListingBackend("alpha", ["a1"])]
+    backends = [listing_backend("alpha", ["a1"])]
     dispatcher = Dispatcher(RouteTable([Target(backends[0], "")]))
     for request_id in (1, 2, 3):
         message, status = await answer(dispatcher, tools_list(request_id=request_id))
         assert status == "bypass"
-    assert backends[0].lists == 3
+    assert len(backends[0].calls) == 3
 
 
 async def test_an_entry_refilled_by_another_request_ends_the_reuse(fleet):
@@ -186,7 +188,7 @@ async def test_an_entry_refilled_by_another_request_ends_the_reuse(fleet):
     for request_id in (1, 2):
         await answer(dispatcher, tools_list(request_id=request_id, method="prompts/list", x=1, y=2))
     await dispatcher.cache.invalidate_lists("alpha", ("prompts/list",))
-    backends[0].tools = ["a9"]
+    backends[0].handler.tools = ["a9"]
     _, status = await answer(dispatcher, tools_list(request_id=3, method="prompts/list", y=2, x=1))
     assert status == "miss"
     again, status = await answer(dispatcher, tools_list(request_id=4, method="prompts/list", x=1, y=2))
@@ -210,7 +212,7 @@ async def test_kept_answers_are_bounded_and_the_oldest_goes_first():
     # Every distinct list request (here: its params) is kept separately; past MAX_ANSWERS the
     # oldest is dropped, so memory stays bounded however many distinct requests arrive.
     clock = ManualClock()
-    backends = [ListingBackend("alpha", ["a1"]), ListingBackend("beta", ["b1"])]
+    backends = [listing_backend("alpha", ["a1"]), listing_backend("beta", ["b1"])]
     store = MemoryStore(max_entries=4 * MAX_ANSWERS, max_bytes=1 << 26, clock=clock)
     dispatcher = Dispatcher(RouteTable([Target(b, f"{b.name}__") for b in backends]),
                             cache=StoreCache(store, CacheSettings(), clock=clock))

@@ -9,25 +9,23 @@ from typing import Any
 
 import pytest
 
-from gateway.backends.base import Backend, internal_call
+from gateway.backends.base import internal_call
 from gateway.cache.memory import MemoryStore
 from gateway.cache.service import StoreCache
-from gateway.policies.auth import Principal, credential_principal
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.principal import ANONYMOUS, Principal, credential_principal
 from gateway.routing.table import Target
-from gateway.settings import BackendSettings, CacheSettings
+from gateway.settings import CacheSettings
 from tests.support.clock import ManualClock
+from tests.support.fake_backend import FakeBackend
 
 
-class NamedBackend(Backend):
-    """Only its name and settings matter here; the tests' loaders answer for it."""
-
-    async def send(self, call):  # pragma: no cover - never called
-        raise AssertionError("the cache must call the loader, not the backend")
+def never_called(call):  # pragma: no cover - the cache must call the loader, not the backend
+    raise AssertionError("the cache must call the loader, not the backend")
 
 
-TARGET = Target(NamedBackend(BackendSettings(name="alpha", url="http://127.0.0.1:1/mcp")), "")
-# Authenticated (auth.mode jwt): only those key private entries (service.principal_of).
+TARGET = Target(FakeBackend(never_called, name="alpha"), "")
+# Authenticated (auth.mode jwt): only those key private entries (`Principal.cache_key`).
 ALICE, BOB = Principal("alice", "https://idp", True), Principal("bob", "https://idp", True)
 
 
@@ -39,7 +37,7 @@ def make_cache(clock: ManualClock | None = None, **settings: Any) -> StoreCache:
 
 
 def call(
-    method: str = "resources/read", principal: Principal | None = ALICE, request_id: int = 7, **params: Any
+    method: str = "resources/read", principal: Principal = ALICE, request_id: int = 7, **params: Any
 ):
     if method == "resources/read":
         params.setdefault("uri", "test://doc")
@@ -94,8 +92,8 @@ async def test_private_answers_are_kept_per_principal():
     a2, outcome = await cache.fetch(TARGET, call(principal=ALICE), load)
     assert outcome == "hit" and a2["result"]["n"] == a1["result"]["n"] == 1
     # No principal at all: a private answer is never stored for "nobody".
-    _, outcome = await cache.fetch(TARGET, call(principal=None), load)
-    _, outcome = await cache.fetch(TARGET, call(principal=None), load)
+    _, outcome = await cache.fetch(TARGET, call(principal=ANONYMOUS), load)
+    _, outcome = await cache.fetch(TARGET, call(principal=ANONYMOUS), load)
     assert outcome == "miss" and load.calls == 4
 
 
@@ -297,7 +295,7 @@ async def test_a_config_change_for_the_route_starts_from_empty():
     first = StoreCache(store, CacheSettings(), clock=store_clock)
     load = Loader()
     await first.fetch(TARGET, call(), load)
-    moved = Target(NamedBackend(BackendSettings(name="alpha", url="http://127.0.0.1:2/mcp")), "")
+    moved = Target(FakeBackend(never_called, name="alpha", url="http://127.0.0.1:2/mcp"), "")
     second = StoreCache(store, CacheSettings(), clock=store_clock)
     _, outcome = await second.fetch(moved, call(), load)
     assert outcome == "miss"

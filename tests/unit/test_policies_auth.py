@@ -11,8 +11,9 @@ import httpx
 import jwt
 import pytest
 
-from gateway.policies.auth import ANONYMOUS, NoAuth, Principal, credential_principal
+from gateway.policies.auth import NoAuth
 from gateway.policies.jwt_auth import MAX_AUTHORIZATION_BYTES, JwtAuth, www_authenticate
+from gateway.protocol.principal import ANONYMOUS, Principal, credential_principal
 from gateway.settings import load_settings
 from tests.support.oauth import AUDIENCE, ISSUER, Issuer, ec_key, rsa_key, unsigned_token
 

@@ -1,18 +1,23 @@
 """policies/head.py: a row of head policies runs as one ASGI step and decides exactly as the
-same policies chained one by one would, in the order the pipeline declares."""
+same policies chained one by one would, in the order the pipeline declares; a refusal is an
+`McpError` (returned or raised, from a sync or an async `admit`) and answers with its status,
+headers and JSON-RPC body."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from starlette.middleware import Middleware
 
 from gateway.app import pipeline, wrap
 from gateway.observability.middleware import RequestTelemetry
-from gateway.policies.auth import ANONYMOUS, NoAuth
+from gateway.policies.auth import NoAuth
 from gateway.policies.head import HeadPhase, HeadPolicy
 from gateway.policies.jwt_auth import JwtAuth
 from gateway.policies.limits import RequestLimits
 from gateway.policies.origin import HostPolicy, OriginPolicy
+from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.principal import ANONYMOUS
 from gateway.settings import load_settings
 from tests.unit.test_policies_auth_config import BASE as JWT
 from tests.unit.test_policies_origin import call
@@ -53,12 +58,11 @@ def test_other_steps_break_the_row():
     jwt = load_settings(None, auth=JWT)
     app = wrap(inner, pipeline(jwt))
     assert isinstance(app, RequestTelemetry)
-    host_origin = app.app
-    assert isinstance(host_origin, HeadPhase)
-    assert [type(p) for p in host_origin.policies] == [HostPolicy, OriginPolicy]
-    assert isinstance(host_origin.app, JwtAuth)
-    assert isinstance(host_origin.app.app, RequestLimits)  # a row of one stays itself
-    assert host_origin.app.app.app is inner
+    head = app.app
+    assert isinstance(head, HeadPhase)
+    # JwtAuth's admit awaits (it may fetch keys) and still joins the row.
+    assert [type(p) for p in head.policies] == [HostPolicy, OriginPolicy, JwtAuth, RequestLimits]
+    assert head.app is inner
 
 
 @pytest.mark.parametrize(
@@ -95,7 +99,82 @@ async def test_non_http_scopes_pass_through():
     assert reached == ["lifespan"]
 
 
-def test_every_head_policy_decides_synchronously():
-    for policy in (HostPolicy, OriginPolicy, NoAuth, RequestLimits):
+def test_every_pipeline_policy_is_a_head_policy():
+    for policy in (HostPolicy, OriginPolicy, NoAuth, RequestLimits, JwtAuth):
         assert issubclass(policy, HeadPolicy)
-    assert not issubclass(JwtAuth, HeadPolicy)  # it may fetch keys: an ASGI step of its own
+
+
+class RateLimited(HeadPolicy):
+    """The shape of a shared rate limit: an async admit (a Redis round trip) that refuses with
+    -31004 at 429 and Retry-After. Counts per Host so that the test can tell callers apart."""
+
+    def __init__(self, app, *, allowed: int) -> None:
+        super().__init__(app)
+        self.allowed = allowed
+        self.seen: dict[str, int] = {}
+
+    async def admit(self, scope):
+        host = dict(scope["headers"]).get(b"host", b"").decode()
+        self.seen[host] = self.seen.get(host, 0) + 1
+        if self.seen[host] > self.allowed:
+            return rpc.gateway_overloaded("rate limit reached", limit="test.allowed", status=429, retry_after=1.2)
+        return None
+
+
+class RaisesForbidden(HeadPolicy):
+    def admit(self, scope):
+        if dict(scope["headers"]).get(b"x-deny"):
+            raise rpc.request_refused(403, "Forbidden: denied", headers={"X-Why": "test"})
+        return None
+
+
+async def test_an_async_admit_refuses_with_its_status_headers_and_body():
+    steps = [Middleware(HostPolicy, allowed_hosts=["gw.example"]), Middleware(RateLimited, allowed=1),
+             Middleware(RequestLimits, max_body_bytes=100)]
+    app = wrap(inner, steps)
+    assert isinstance(app, HeadPhase) and len(app.policies) == 3
+    first = await _response(app, {"host": "gw.example"})
+    second = await _response(app, {"host": "gw.example"})
+    assert first.status_code == 200 and first.content == b"passed"
+    assert second.status_code == 429
+    assert second.headers["retry-after"] == "2"  # rounded up: never asks for a retry too early
+    error = second.json()["error"]
+    assert error["code"] == rpc.GATEWAY_OVERLOADED and error["data"] == {"limit": "test.allowed"}
+    assert "id" not in second.json()
+    # A refusal earlier in the row means the async policy is never asked.
+    refused = await _response(app, {"host": "evil.example"})
+    assert refused.status_code == 403 and "evil.example" not in app.policies[1].seen
+
+
+async def test_a_raised_refusal_answers_like_a_returned_one():
+    app = wrap(inner, [Middleware(RaisesForbidden), Middleware(NoAuth)])
+    refused = await _response(app, {"host": "gw.example", "x-deny": "1"})
+    assert refused.status_code == 403 and refused.headers["x-why"] == "test"
+    assert refused.json() == {"jsonrpc": "2.0", "error": {"code": rpc.INVALID_REQUEST, "message": "Forbidden: denied"}}
+    alone = await _response(RaisesForbidden(inner), {"host": "gw.example", "x-deny": "1"})  # outside a row
+    assert alone.status_code == 403 and alone.json() == refused.json()
+    assert (await _response(app, {"host": "gw.example"})).status_code == 200
+
+
+async def test_a_websocket_is_closed_only_by_a_row_that_guards_every_path():
+    jwt = load_settings(None, auth=JWT)
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    reached: list[str] = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["type"])
+
+    await wrap(app, pipeline(jwt)[1:])({"type": "websocket", "path": "/mcp", "headers": []}, None, send)
+    assert sent == [{"type": "websocket.close", "code": 1008}] and reached == []
+    await wrap(app, STEPS)({"type": "websocket", "path": "/mcp", "headers": []}, None, send)
+    assert reached == ["websocket"]
+
+
+async def _response(app, headers):
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw.example") as client:
+        return await client.get("/mcp", headers=headers)

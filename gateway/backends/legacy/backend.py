@@ -47,7 +47,7 @@ class LegacyBackend(Backend):
         super().__init__(settings)
         self.replica = replica if replica is not None else ReplicaContext.alone()
         # A call waits for a free session about as long as it would wait to connect.
-        self.pool = SessionPool(self.name, self._new_session, size=settings.session_pool_size,
+        self.pool = SessionPool(self.name, self._configured_session, size=settings.session_pool_size,
                                 idle_seconds=settings.session_idle_seconds,
                                 wait_seconds=settings.connect_timeout_seconds)
         self.listens = LegacyListens(self)
@@ -65,6 +65,12 @@ class LegacyBackend(Backend):
 
     def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]:
         return translate.session_capabilities(client_capabilities)
+
+    def _configured_session(self, capabilities: dict[str, Any]) -> LegacySession:
+        """`_new_session`, told what answers a `roots/list` asked outside any client request."""
+        session = self._new_session(capabilities)
+        session.standalone_roots = tuple(root.model_dump(exclude_none=True) for root in self.settings.roots)
+        return session
 
     async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:
         """Start whatever carries notifications unrelated to requests (HTTP: the GET stream):
@@ -94,7 +100,7 @@ class LegacyBackend(Backend):
             result = translate.discover_result(session.initialize_result or {}, ttl_ms=self.settings.default_ttl_ms,
                                                cache_scope=self.settings.default_cache_scope)
             return Reply(self.name, message=rpc.result_message(call.id, result))  # type: ignore[arg-type]
-        if method == "subscriptions/listen":
+        if call.stream_only:
             return await self.listens.listen(call)
         if "requestState" in call.params:
             return await self._resume(call)
@@ -269,6 +275,12 @@ class LegacyBackend(Backend):
         if missing is None:
             pending[f"r{message['id']}"] = message
             return None
+        if method == "roots/list":
+            # The session declared roots for every client (stdio: one session for all), not
+            # because this client did: the gateway answers what it promised, with the
+            # configured roots, as it does outside a request, instead of failing the call.
+            await _respond(session, message["id"], result={"roots": list(session.standalone_roots)})
+            return None
         # Never a hang: refuse it (and whatever else waits) upstream, stop the call, tell
         # the client what it lacks.
         for refused in (*pending.values(), message):
@@ -286,7 +298,7 @@ class LegacyBackend(Backend):
         """The InputRequiredResult that parks this call until the client's retry. Raises
         -31004 (after cancelling the backend call) when this replica already holds as many
         parked calls as it may (per principal or in total)."""
-        principal = mrtr.principal_key(call)
+        principal = call.principal.key
         refusal = self.continuations.refusal(principal)
         if refusal is not None:
             # Cancelled before the error leaves. Its pending requests are left unanswered: the
@@ -328,7 +340,7 @@ class LegacyBackend(Backend):
         expires = time.time() + self.settings.input_wait_seconds
         # No continuation: nothing is parked, so any replica may serve the retry ("r").
         state = self.sealer.seal({
-            "r": True, "b": self.name, "p": mrtr.principal_key(call), "d": mrtr.request_digest(call),
+            "r": True, "b": self.name, "p": call.principal.key, "d": mrtr.request_digest(call),
             "exp": expires, "k": sorted(requests),
         })
         result = {"resultType": "input_required", "inputRequests": requests, "requestState": state}
@@ -394,7 +406,7 @@ class LegacyBackend(Backend):
 
     @staticmethod
     def _check_binding(state: dict[str, Any], call: Call) -> None:
-        if state.get("p") != mrtr.principal_key(call):
+        if state.get("p") != call.principal.key:
             raise rpc.invalid_params("requestState was issued to another principal", call.id)
         if state.get("d") != mrtr.request_digest(call):
             raise rpc.invalid_params("requestState was issued for a different request", call.id)

@@ -87,11 +87,6 @@ def request_digest(call: Call) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
-def principal_key(call: Call) -> str:
-    key = getattr(call.principal, "key", None)
-    return key if isinstance(key, str) else "anonymous"
-
-
 @dataclass(eq=False)
 class Continuation:
     """A backend call parked on backend requests the client must answer."""
