@@ -214,8 +214,9 @@ async def test_a_hung_backend_is_ejected_and_lists_cost_nothing_over_a_fleet_wit
             assert await _metric(client, gw, "mcp_gateway_backend_up", backend="hung") == 0
             assert await _metric(client, gw, "mcp_gateway_backend_endpoint_up", backend="hung",
                                  endpoint=hung_url.rsplit("/", 1)[0]) == 0
+            # /readyz says the state only (readiness.py: details go to the log, not to a probe).
             ready = (await client.get(f"{gw.base}/readyz")).json()
-            assert ready["backends"]["good"] == "ok" and "consecutive failures" in ready["backends"]["hung"]
+            assert ready["backends"] == {"good": "ok", "hung": "failing"}, ready
 
 
 @pytest.mark.parametrize("mode", ["503", "reset"])
