@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import json
 import os
 import pstats
 import socket
@@ -37,8 +38,9 @@ import orjson
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from gateway.app import build_app  # noqa: E402
 from run import free_port, take_lock  # noqa: E402  (bench/run.py: same port picking, same lock)
+
+from gateway.app import build_app  # noqa: E402
 from gateway.settings import GatewaySettings  # noqa: E402
 
 META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
@@ -110,6 +112,7 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
 
 async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
     era = "legacy" if args.mode == "legacy" else "modern"
+    backend_extra = json.loads(args.backend) if args.backend else {}
     extra: dict[str, Any] = {}
     if args.access_log or args.tracing:
         # The access log is written to fd 1, which main() points at a file (the figures go to stderr).
@@ -118,7 +121,7 @@ async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
         from gateway.observability import tracing
 
         tracing.configure(True, "console")  # every span exported, as JSON lines on stderr → a file
-    settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": ""}],
+    settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": "", **backend_extra}],
                                cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"},
                                **extra)
     app = build_app(settings)
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--access-log", action="store_true", help="observability.access_log: true, JSON (to a file)")
     p.add_argument("--tracing", action="store_true",
                    help="tracing on, every request sampled, console exporter (to a file)")
+    p.add_argument("--backend", default="", help='extra backend settings as JSON, e.g. \'{"max_concurrent_calls": 1000}\'')
     args = p.parse_args(argv)
     report = sys.stdout
     if args.access_log or args.tracing:

@@ -16,8 +16,11 @@ from typing import Any, Protocol
 
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
+from gateway.backends.concurrency import Slot
+from gateway.backends.retry import retry_after
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
+from gateway.deadlines import within
 from gateway.observability import tracing
 from gateway.observability.backend_call import BackendCall
 from gateway.observability.record import CURRENT, RequestRecord
@@ -54,6 +57,35 @@ class Hub(Protocol):
 
     async def aclose(self) -> None:
         """Stop everything (upstream streams, the bus); the hub is not used again."""
+
+
+class Budget:
+    """`backends[].timeout_seconds` as the whole call's budget, as the client sees it: the
+    routing work (a tool-index refresh), the connection, every retry and the answer come out
+    of it, so no phase gets a fresh deadline (docs/resilience.md "Deadlines"). A streamed
+    answer must start within it; from then on its reads and `max_call_seconds` bound it."""
+
+    __slots__ = ("target", "call", "seconds", "started", "timeout", "phase")
+
+    def __init__(self, target: Target, call: Call) -> None:
+        self.target = target
+        self.call = call
+        self.seconds = target.backend.settings.timeout_seconds
+        loop = asyncio.get_running_loop()
+        self.started = loop.time()
+        self.timeout = within(self.started + self.seconds)  # coarse: no timer per call
+        self.phase = "waiting for its answer"
+
+    def exhausted(self) -> rpc.McpError:
+        backend = self.target.backend
+        spent = asyncio.get_running_loop().time() - self.started
+        backend.health.failed(f"no {self.call.method} answer within {self.seconds:g}s")
+        return rpc.McpError(
+            rpc.BACKEND_TIMEOUT,
+            f"Backend {backend.name!r} did not answer within {self.seconds:g}s ({self.call.method}: "
+            f"backends[].timeout_seconds is the whole call's budget; it ran out after {spent:.2f}s, {self.phase})",
+            status=504, data={"backend": backend.name, "limit": "backends[].timeout_seconds", "phase": self.phase},
+            request_id=self.call.id)
 
 
 class Dispatcher:
@@ -205,8 +237,13 @@ class Dispatcher:
         bench/README.md "Profile"), and everything else a lookup may wait on is bounded on its own
         (the store's socket timeouts, the fill lock's lifetime, the single-flight leader's own
         deadline)."""
-        async with asyncio.timeout(target.backend.settings.list_timeout_seconds):
-            return await self._final(target, call)
+        limit = target.backend.settings.list_timeout_seconds
+        try:
+            async with asyncio.timeout(limit):
+                return await self._final(target, call)
+        except TimeoutError:
+            target.backend.health.failed(f"no {call.method} answer within {limit:g}s")
+            raise
 
     # -- named calls ----------------------------------------------------------------------
 
@@ -227,11 +264,20 @@ class Dispatcher:
         record = CURRENT.get()
         if record is not None and call.method == "tools/call":
             record.tool_label = self._tool_label(target, upstream_name, call.name)
-        if call.method == "tools/call":
-            annotations = await self._param_annotations(target, upstream_name)
-            if annotations:
-                check_param_headers(call, annotations)
-        return await self._forward(target, call.with_name(upstream_name))
+        budget = Budget(target, call)
+        try:
+            with budget.timeout:
+                if call.method == "tools/call":
+                    budget.phase = "refreshing its tool index"
+                    annotations = await self._param_annotations(target, upstream_name)
+                    if annotations:
+                        check_param_headers(call, annotations)
+                budget.phase = "waiting for its answer"
+                return await self._forward(target, call.with_name(upstream_name), budget)
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
 
     def _tool_label(self, target: Target, upstream_name: str, name: str) -> str:
         """The tool's metric label: its client-facing name when the route table knows the tool
@@ -327,12 +373,19 @@ class Dispatcher:
                                      data={"uri": call.name})
         m = call.meta
         streaming = meta.PROGRESS_TOKEN in m or meta.LOG_LEVEL in m
-        if streaming or "inputResponses" in call.params or "requestState" in call.params:
-            # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
-            reply = await self._forward(target, call)
-            reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
-            return reply
-        message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
+        budget = Budget(target, call)
+        try:
+            with budget.timeout:
+                if streaming or "inputResponses" in call.params or "requestState" in call.params:
+                    # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
+                    reply = await self._forward(target, call, budget)
+                    reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
+                    return reply
+                message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
         return Reply(target.backend.name, status=rpc.http_status_of(message), message=message,
                      headers=_cache_header([outcome]))
 
@@ -347,32 +400,58 @@ class Dispatcher:
             target, upstream = resolved
             params = dict(call.params)
             params["ref"] = {**ref, "name": upstream}
-            return await self._forward(target, call.with_params(params))
+            return await self._forward_within_budget(target, call.with_params(params))
         if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
             target = self.table.resolve_uri(ref["uri"]) or await self._resolve_relisted(ref["uri"])
             if target is None:
                 raise rpc.invalid_params(f"Resource not found: {ref['uri']!r}", call.id)
-            return await self._forward(target, call)
+            return await self._forward_within_budget(target, call)
         raise rpc.invalid_params('"ref" must be a ref/prompt with a name or a ref/resource with a uri', call.id)
 
     # -- forwarding -----------------------------------------------------------------------
 
     async def _send(self, target: Target, call: Call) -> tuple[Reply, BackendCall]:
-        """backend.send, measured and traced: the one place every upstream call passes, for every
-        backend kind (observability/backend_call.py). The measure runs until the answer is
-        complete: `_final` and `_forward` end it."""
+        """backend.send, measured, traced and guarded by the backend's remembered health and its
+        concurrency bound: the one place every upstream call passes, for every backend kind
+        (observability/backend_call.py, docs/resilience.md). The measure runs until the answer
+        is complete: `_final` and `_forward` end it."""
+        backend = target.backend
+        health = backend.health
+        if health.ejected:
+            health.admit(call.id)  # -31001 at once, unless this call is the half-open trial
+        limiter = backend.limiter
+        slot = None
+        if limiter is not None:
+            await limiter.acquire(call.id)
+            slot = Slot(limiter)
         record = CURRENT.get()
-        probe = BackendCall(target.backend, call, record.tool_label or "" if record is not None else "")
+        probe = BackendCall(backend, call, record.tool_label or "" if record is not None else "")
+        backend.retry_budget.deposit()
         try:
-            reply = await target.backend.send(probe.call)
+            try:
+                reply = await backend.send(probe.call)
+            except rpc.McpError as exc:
+                # The first attempt is sent here, the rest (if any) by retry.py.
+                reply = await retry_after(backend, probe.call, health.failed, error=exc)
+            else:
+                if reply.status >= 500:
+                    reply = await retry_after(backend, probe.call, health.failed, reply=reply)
         except rpc.McpError as exc:
+            if slot is not None:
+                slot.release()
             probe.failed(exc)
             raise
         except BaseException:
+            if slot is not None:
+                slot.release()
             probe.abandoned()
             raise
+        if reply.status < 500:
+            health.succeeded()
+        if slot is not None:
+            _hold_until_done(reply, slot)
         if record is not None and record.backend is None:
-            record.backend = target.backend.name
+            record.backend = backend.name
         probe.sent(reply.message)
         return reply, probe
 
@@ -392,7 +471,17 @@ class Dispatcher:
             probe.complete(message)
         return modernize(message, call, target.backend.name)
 
-    async def _forward(self, target: Target, call: Call) -> Reply:
+    async def _forward_within_budget(self, target: Target, call: Call) -> Reply:
+        budget = Budget(target, call)
+        try:
+            with budget.timeout:
+                return await self._forward(target, call, budget)
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
+
+    async def _forward(self, target: Target, call: Call, budget: Budget | None = None) -> Reply:
         reply, probe = await self._send(target, call)
         if reply.message is not None:
             fixed = modernize(reply.message, call, reply.backend)
@@ -400,8 +489,26 @@ class Dispatcher:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None
-        reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get())
+        reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get(), budget)
         return reply
+
+
+def _hold_until_done(reply: Reply, slot: Slot) -> None:
+    """A streamed answer keeps its concurrency slot until the stream ends or is closed."""
+    if reply.stream is None:
+        slot.release()
+        return
+    reply.closers.append(slot.release)
+    reply.stream = _released_at_end(reply.stream, slot)
+
+
+async def _released_at_end(stream: AsyncIterator[Message], slot: Slot) -> AsyncIterator[Message]:
+    try:
+        async for message in stream:
+            yield message
+    finally:
+        slot.release()
+        await aclose(stream)
 
 
 def modernize(message: Message, call: Call, backend: str) -> Message:
@@ -433,10 +540,26 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
 
 
 async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str, probe: BackendCall,
-                            record: RequestRecord | None) -> AsyncIterator[Message]:
+                            record: RequestRecord | None, budget: Budget | None = None) -> AsyncIterator[Message]:
+    """The stream, made modern. With a budget, its first message must come within the call's
+    budget (Budget): from then on the stream's own read and max_call_seconds bounds hold."""
     wants_logs = call.log_level is not None
     try:
-        async for msg in stream:
+        if budget is not None:
+            first = within(budget.started + budget.seconds)
+            try:
+                with first:
+                    msg = await anext(stream, None)
+            except TimeoutError:
+                if not first.expired():
+                    raise
+                raise budget.exhausted() from None
+            if msg is None:
+                raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
+            messages: AsyncIterator[Message] = _chain(msg, stream)
+        else:
+            messages = stream
+        async for msg in messages:
             method = msg.get("method")
             if method is None:
                 probe.complete(msg)
@@ -460,6 +583,12 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
     finally:
         probe.abandoned()  # a no-op once the answer was noted
         await aclose(stream)
+
+
+async def _chain(first: Message, rest: AsyncIterator[Message]) -> AsyncIterator[Message]:
+    yield first
+    async for msg in rest:
+        yield msg
 
 
 def merge_capabilities(all_caps: list[dict[str, Any]]) -> dict[str, Any]:

@@ -97,7 +97,11 @@ class ReadinessChecks:
 
     async def check(self, backend: Backend) -> BackendState:
         """One check: a discovery no older than the interval (the request path keeps it fresh
-        for free), within the backend's list deadline (Backend.discover applies it)."""
+        for free), within the backend's list deadline (Backend.discover applies it). A backend
+        its remembered health has ejected (backends/health.py) is failing without asking."""
+        if backend.health.ejected:
+            self.states.record(backend.name, BackendState.FAILING, backend.health.reason)
+            return BackendState.FAILING
         try:
             await backend.discover(max_age=self.interval)
         except rpc.McpError as exc:

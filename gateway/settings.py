@@ -147,6 +147,37 @@ class ServerSettings(_Frozen):
             return False
 
 
+class CanarySettings(_Frozen):
+    """A `tools/call` the active health check makes (backends[].health.canary): it passes when
+    the call succeeds and, if `expect` is set, the text of its result contains it."""
+
+    tool: Annotated[str, Field(min_length=1)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    expect: str | None = None
+
+
+class HealthSettings(_Frozen):
+    """Remembered health of one backend (docs/resilience.md): passive outlier detection on
+    the calls that pass, active checks in the background, ejection and half-open recovery."""
+
+    # Consecutive failed calls (no connection, reset, timeout, HTTP 5xx) that eject it.
+    consecutive_failures: Annotated[int, Field(ge=1)] = 5
+    # The first ejection lasts this long; each further one (without a full recovery in
+    # between) lasts one more base time, up to the cap.
+    base_ejection_seconds: Annotated[float, Field(gt=0)] = 10.0
+    max_ejection_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # Never more than this share of a backend's endpoints ejected at once (at least one stays
+    # in rotation). With one endpoint, it is ejected alone whatever the share.
+    max_ejected_percent: Annotated[int, Field(ge=0, le=100)] = 50
+    # Active checks: server/discover (an initialize on a legacy session, a round trip through
+    # a stdio process), or the canary below, every interval (0: no active checks). A check that
+    # passes ends an ejection at once; `failed_checks` failed ones in a row eject.
+    check_interval_seconds: Annotated[float, Field(ge=0)] = 10.0
+    check_timeout_seconds: Annotated[float, Field(gt=0)] = 2.0
+    failed_checks: Annotated[int, Field(ge=1)] = 2
+    canary: CanarySettings | None = None
+
+
 class RootSettings(_Frozen):
     """One root an initialize-era backend is told about when it asks `roots/list` outside a
     client request (legacy schema `Root`: a `file://` URI and an optional display name)."""
@@ -166,6 +197,10 @@ class RootSettings(_Frozen):
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
+    # Several endpoints of one backend (beside or instead of `url`; `era: modern` only in this
+    # build): calls go to the healthy one with fewer requests in flight of two picked at random,
+    # and one that cannot be reached sends the call to another (docs/resilience.md).
+    urls: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None
     # Extra environment for a stdio backend. It inherits only PATH, HOME, locale, TZ, TMPDIR
     # and user names from the gateway, plus the variables named in `inherit_env`.
@@ -191,8 +226,9 @@ class BackendSettings(_Frozen):
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Deadline for this backend's share of an aggregated list; a late backend is left out.
     list_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
-    # Retries for idempotent reads (lists, resources/read, server/discover) only, and only
-    # before any byte reached the client.
+    # Retries (every backend kind, docs/resilience.md "Retries"): of idempotent reads (lists,
+    # resources/read, server/discover) after a failure, and of any call that provably never
+    # reached the backend; never after a byte reached the client. Within the retry budget.
     retries: Annotated[int, Field(ge=0, le=5)] = 1
     max_connections: Annotated[int, Field(gt=0)] = 256
     # The largest answer read from this backend: a JSON body, or one event of a stream. A
@@ -220,6 +256,20 @@ class BackendSettings(_Frozen):
     max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
+    # -- resilience (docs/resilience.md) --
+    health: HealthSettings = HealthSettings()
+    # Calls in flight to this backend at once (None: no limit). Past it a call waits up to
+    # `queue_wait_seconds` in a queue of `max_queued_calls`, then fails with -31004 (HTTP 503).
+    max_concurrent_calls: Annotated[int, Field(gt=0)] | None = None
+    max_queued_calls: Annotated[int, Field(ge=0)] = 100
+    queue_wait_seconds: Annotated[float, Field(ge=0)] = 0.1
+    # Retries stay within this share of the calls made (plus `retry_budget_min_per_second`),
+    # so a brown-out is not amplified; each waits a jittered backoff, doubling from
+    # `retry_backoff_seconds` up to `retry_backoff_max_seconds`.
+    retry_budget_percent: Annotated[float, Field(ge=0, le=100)] = 20.0
+    retry_budget_min_per_second: Annotated[float, Field(ge=0)] = 5.0
+    retry_backoff_seconds: Annotated[float, Field(ge=0)] = 0.025
+    retry_backoff_max_seconds: Annotated[float, Field(ge=0)] = 0.5
     # Initialize-era backends that ask `roots/list` outside any client request (at start-up,
     # say) get these; empty: an empty list. Asked during a client's call, the question goes
     # to that client (MRTR) as before. docs/legacy.md "Roots".
@@ -234,6 +284,26 @@ class BackendSettings(_Frozen):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"{v!r} is not an http(s) URL")
         return v
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for url in v:
+            cls._url(url)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_of_urls(cls, data: Any) -> Any:
+        # `urls` alone: its first is `url` (what the era probe and single-URL code read).
+        if isinstance(data, dict) and data.get("url") is None and data.get("urls"):
+            data = {**data, "url": list(data["urls"])[0]}
+        return data
+
+    @property
+    def endpoint_urls(self) -> tuple[str, ...]:
+        """`url` and `urls`, each once, in order."""
+        return tuple(dict.fromkeys(((self.url,) if self.url is not None else ()) + self.urls))
 
     @field_validator("command")
     @classmethod
@@ -251,6 +321,9 @@ class BackendSettings(_Frozen):
         if self.transport == "sse" and self.era == "modern":
             raise FieldError("era", "transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: "
                                     "era must be 'legacy' or 'auto'")
+        if len(self.endpoint_urls) > 1 and (self.era != "modern" or self.transport == "sse"):
+            raise FieldError("urls", "several endpoints need era: modern and Streamable HTTP in this build "
+                                     "(initialize-era sessions pinned to an endpoint are not built yet)")
         return self
 
 

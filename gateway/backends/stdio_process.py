@@ -20,7 +20,7 @@ from collections.abc import Callable
 import orjson
 
 from gateway.backends.base import Message
-from gateway.backends.errors import UpstreamConnectionError, upstream_errors
+from gateway.backends.errors import UpstreamConnectionError, mark_never_sent, upstream_errors
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
@@ -79,7 +79,8 @@ class StdioProcess:
         try:
             await asyncio.wait_for(self._started.wait(), wait)
         except TimeoutError:
-            raise rpc.backend_unavailable(self.name, f"process {self.command[0]!r} is not running") from None
+            raise mark_never_sent(
+                rpc.backend_unavailable(self.name, f"process {self.command[0]!r} is not running")) from None
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         async with self._write_lock:

@@ -168,6 +168,23 @@ EJECTIONS = Counter(
     "Times a backend was taken out of rotation after failing.",
     ["backend"],
 )
+BACKEND_ENDPOINT_UP = Gauge(
+    "mcp_gateway_backend_endpoint_up",
+    "1 while one endpoint of a backend (a URL, an address, a stdio instance) is in rotation, 0 while it is "
+    "ejected or failing.",
+    ["backend", "endpoint"],
+)
+BACKEND_RETRIES = Counter(
+    "mcp_gateway_backend_retries_total",
+    "Calls sent again to a backend, by why (unsent: it provably never reached the backend; idempotent: a read) "
+    "and what happened to the retry (sent, over_budget: the retry budget refused it).",
+    ["backend", "reason", "outcome"],
+)
+BACKEND_OVERLOADED = Counter(
+    "mcp_gateway_backend_overloaded_total",
+    "Calls refused (-31004) because the backend's max_concurrent_calls and its queue were full.",
+    ["backend"],
+)
 AUTH_FAILURES = Counter(
     "mcp_gateway_auth_failures_total",
     "Requests refused by authentication, by reason (missing_token, invalid_token, expired_token, "
