@@ -23,10 +23,12 @@ USER 10001:10001
 # In a container the gateway listens beyond loopback: Origin checks, authentication and
 # server.allowed_hosts do the guarding there (README "Security defaults"). Probes and metrics
 # on their own port, without those checks (docs/deploy.md "Operations listener").
-# Nothing is written but /tmp (an emptyDir under a read-only root filesystem).
+# Nothing is written but /tmp (an emptyDir under a read-only root filesystem). Logs are one
+# JSON object per line, for a log collector (docs/observability.md "Logs").
 ENV MCP_GATEWAY_SERVER__HOST=0.0.0.0 \
     MCP_GATEWAY_SERVER__PORT=8080 \
     MCP_GATEWAY_SERVER__OPS_PORT=9090 \
+    MCP_GATEWAY_OBSERVABILITY__LOG_FORMAT=json \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import json
 import os
 import pstats
 import socket
@@ -37,8 +38,9 @@ import orjson
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from gateway.app import build_app  # noqa: E402
 from run import free_port, take_lock  # noqa: E402  (bench/run.py: same port picking, same lock)
+
+from gateway.app import build_app  # noqa: E402
 from gateway.settings import GatewaySettings  # noqa: E402
 
 META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
@@ -110,14 +112,23 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
 
 async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
     era = "legacy" if args.mode == "legacy" else "modern"
-    backend: dict = {"name": "bench", "url": backend_url, "era": era, "prefix": ""}
+    backend_extra = json.loads(args.backend) if args.backend else {}
     if args.credentials == "headers":
-        backend["auth"] = {"type": "headers", "headers": {"x-api-key": "bench-key-" + "k" * 32}}
+        backend_extra["auth"] = {"type": "headers", "headers": {"x-api-key": "bench-key-" + "k" * 32}}
     elif args.credentials == "client-credentials":
-        backend["auth"] = {"type": "oauth_client_credentials", "token_url": args.token_url,
-                           "client_id": "bench", "client_secret": "bench-secret"}
-    settings = GatewaySettings(backends=[backend],
-                               cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"})
+        backend_extra["auth"] = {"type": "oauth_client_credentials", "token_url": args.token_url,
+                                 "client_id": "bench", "client_secret": "bench-secret"}
+    extra: dict[str, Any] = {}
+    if args.access_log or args.tracing:
+        # The access log is written to fd 1, which main() points at a file (the figures go to stderr).
+        extra["observability"] = {"access_log": args.access_log, "log_format": "json"}
+    if args.tracing:
+        from gateway.observability import tracing
+
+        tracing.configure(True, "console")  # every span exported, as JSON lines on stderr → a file
+    settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": "", **backend_extra}],
+                               cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"},
+                               **extra)
     app = build_app(settings)
     lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
     started = asyncio.Event()
@@ -144,10 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     p.add_argument("--profile", action="store_true", help="also run one round under cProfile")
     p.add_argument("--cache", choices=("memory", "none"), default="memory", help="cache.store (default memory)")
+    p.add_argument("--access-log", action="store_true", help="observability.access_log: true, JSON (to a file)")
+    p.add_argument("--tracing", action="store_true",
+                   help="tracing on, every request sampled, console exporter (to a file)")
     p.add_argument("--credentials", choices=("none", "headers", "client-credentials"), default="none",
                    help="backends[].auth: none, static headers, or a cached client-credentials token from "
                         "bench/token_server.py (issue 20)")
+    p.add_argument("--backend", default="", help='extra backend settings as JSON, e.g. \'{"max_concurrent_calls": 1000}\'')
     args = p.parse_args(argv)
+    report = sys.stdout
+    if args.access_log or args.tracing:
+        import tempfile
+
+        report = os.fdopen(os.dup(1), "w")
+        sink = tempfile.NamedTemporaryFile(prefix="inprocess-telemetry-", suffix=".log", delete=False)
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        sys.stderr = sys.stdout = open(sink.name, "a")  # noqa: SIM115 - lives as long as the process
     if args.profile:
         args.rounds += 1
 
@@ -191,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 token_server.wait(timeout=5)
     results.sort()
     print(f"{args.mode} (credentials: {args.credentials}), {args.callers} callers: gateway CPU per request min {results[0]:.1f} µs, "
-          f"median {results[len(results) // 2]:.1f} µs over {len(results)} rounds of {args.requests}")
+          f"median {results[len(results) // 2]:.1f} µs over {len(results)} rounds of {args.requests}",
+          file=report, flush=True)
     return 0
 
 

@@ -408,15 +408,17 @@ class Context:
         self.stats_urls.append(f"http://127.0.0.1:{port}/stats")
         return lambda i: f"http://127.0.0.1:{port}/fleet/{member(i)}"
 
-    def redis(self) -> str:
-        """A fresh redis-server (no persistence) on a free port, on the proxy's CPU: the
-        shared cache is part of the system under test.  Returns its redis:// URL."""
+    def _redis_node(self, name: str, *extra: str) -> int:
+        """One redis-server (no persistence) on a free port, on the proxy's CPU: the shared
+        Redis is part of the system under test. Returns its port once it answers PING."""
         binary = ensure_tool("redis-server", "redis-server")
         port = free_port()
-        lp = self._logfile("redis")
-        p = self.procs.start("redis", self._cpu("proxy") + [
+        lp = self._logfile(name)
+        workdir = self.tmp / f"{name}-{port}"
+        workdir.mkdir()
+        p = self.procs.start(name, self._cpu("proxy") + [
             binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--protected-mode", "no"], log_path=lp)
+            "--appendonly", "no", "--protected-mode", "no", "--dir", str(workdir), *extra], log_path=lp)
         deadline = time.monotonic() + 15
         while True:
             if p.poll() is not None:
@@ -425,12 +427,36 @@ class Context:
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                     s.sendall(b"PING\r\n")
                     if s.recv(64).startswith(b"+PONG"):
-                        return f"redis://127.0.0.1:{port}/0"
+                        return port
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server not answering PING after 15 s:\n{tail(lp)}")
             time.sleep(0.1)
+
+    def redis(self) -> str:
+        """A fresh standalone redis-server; returns its redis:// URL."""
+        return f"redis://127.0.0.1:{self._redis_node('redis')}/0"
+
+    def redis_cluster(self, masters: int = 3) -> str:
+        """A fresh Redis Cluster of `masters` masters (no replicas), all on the proxy's CPU
+        like the standalone one; returns its redis+cluster:// URL."""
+        ports = [self._redis_node(f"redis-cluster-{i}", "--cluster-enabled", "yes",
+                                  "--cluster-config-file", "nodes.conf", "--cluster-port", str(free_port()))
+                 for i in range(masters)]
+        cli = ensure_tool("redis-cli", "redis-tools")
+        created = subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=60)
+        if created.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-500:]}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [subprocess.run([cli, "-p", str(p), "cluster", "info"], capture_output=True, text=True,
+                                     timeout=10).stdout for p in ports]
+            if all("cluster_state:ok" in st for st in states):
+                return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+            time.sleep(0.2)
+        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok in 30 s")
 
     def nginx(self, backend_url: str, ready_path: str = "/healthz") -> str:
         """nginx in front of `backend_url`; ready when `ready_path` answers 200 through it."""
@@ -484,7 +510,10 @@ class Context:
         for b in backends:
             lines.append("  - " + json.dumps(b))      # JSON is valid YAML flow style
         cfg = self.tmp / f"gateway-{port}.yaml"
-        cfg.write_text("\n".join(lines) + "\n" + extra_yaml)
+        # --gateway-yaml: configuration for this tree's gateways only (never a --compare tree's,
+        # which may not know the keys), e.g. the access log under test.
+        own = launcher is None and self.args.gateway_yaml
+        cfg.write_text("\n".join(lines) + "\n" + extra_yaml + (self.args.gateway_yaml + "\n" if own else ""))
         lp = self._logfile("gateway")
         cmd = launcher or (shlex.split(self.args.gateway_cmd) if self.args.gateway_cmd else
                            [PY, "-m", "gateway"])
@@ -694,6 +723,52 @@ def wl_cache_hit_redis(ctx: Context) -> list[Target]:
     ]
 
 
+def wl_cache_hit_redis_cluster(ctx: Context) -> list[Target]:
+    """tools/list cache hits from a standalone Redis vs a three-master Redis Cluster, local
+    layer on and off: what Cluster costs per request (the cluster client, the slot lookup)."""
+    n = 50
+    be = ctx.backend("modern", tools=n, ttl_ms=60_000)
+    shapes = {"standalone": ctx.redis(), "cluster": ctx.redis_cluster(3)}
+    chk = check_list(n)
+    one = [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]
+    targets = [Target("direct", be, LIST_TOOLS, chk)]
+    for shape, url in shapes.items():
+        redis = f"redis: {{url: '{url}'}}\ncache: {{store: redis"
+        targets.append(ctx.gateway_target(LIST_TOOLS, chk, one, name=f"gateway-{shape}", x_cache="hit",
+                                          extra_yaml=redis + "}\n"))
+        targets.append(ctx.gateway_target(LIST_TOOLS, chk, one, name=f"gateway-{shape}-nolocal", x_cache="hit",
+                                          extra_yaml=redis + ", local_max_entries: 0}\n"))
+    return targets
+
+
+def wl_listen_fanout_redis(ctx: Context) -> Report:
+    """subscriptions/listen fan-out across two gateway replicas sharing a standalone Redis vs
+    a three-master Cluster (bench/redis_fanout.py)."""
+    import asyncio
+
+    if problem := ctx.gateway_unavailable():
+        return Report(["shape"], failures=[problem])
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import redis_fanout
+
+    n = 200 if ctx.args.smoke else 2_000
+    rounds = 3 if ctx.args.smoke else 20
+    rep = Report(["shape", "N (2 replicas)", "upstream listens", "every client got every one",
+                  "delivery p50 ms", "delivery p99 ms", "to last client p50 ms", "to last client p99 ms"])
+    for shape, url in (("standalone", ctx.redis()), ("cluster", ctx.redis_cluster(3))):
+        log(f"  listen fan-out over {shape} Redis, N={n}, {rounds} rounds")
+        r = asyncio.run(redis_fanout.measure(url, n, rounds))
+        rep.raw.append({"shape": shape, **r})
+        rep.rows.append([shape, f"{n:,}", str(r["upstreams"]), str(r["complete"]), f"{r['p50_ms']:.1f}",
+                         f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}", f"{r['last_p99_ms']:.1f}"])
+        if r["upstreams"] != 1:
+            rep.failures.append(f"{shape}: the backend held {r['upstreams']} upstream listens, expected 1")
+        if not r["complete"]:
+            rep.failures.append(f"{shape}: some clients missed notifications")
+    return rep
+
+
 def wl_aggregate_10(ctx: Context) -> list[Target]:
     """tools/list fanned out to 10 backends and merged, cache off, against one backend's
     list of the same total size (10 x 5 tools = 50 tools = the tools-list answer)."""
@@ -897,6 +972,12 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
     "cache-hit-redis": (wl_cache_hit_redis,
                         "tools/list from the Redis cache (real redis-server), local layer on "
                         "and off", False),
+    "cache-hit-redis-cluster": (wl_cache_hit_redis_cluster,
+                                "tools/list cache hits: standalone Redis vs a three-master Cluster, "
+                                "local layer on and off", False),
+    "listen-fanout-redis": (wl_listen_fanout_redis,
+                            "listen fan-out across two replicas: standalone Redis vs a three-master "
+                            "Cluster (bench/redis_fanout.py)", False),
     "aggregate-10": (wl_aggregate_10,
                      "tools/list merged from 10 backends x 5 tools vs 1 x 50, cache off", False),
     "routing-scale": (wl_routing_scale,
@@ -1104,6 +1185,9 @@ def main(argv=None) -> int:
     p.add_argument("--gateway-cmd", default="",
                    help="command for the gateway instead of '<python> -m gateway' (gets "
                         "'serve --config F --host H --port P' appended), e.g. 'mcp-gateway'")
+    p.add_argument("--gateway-yaml", default="", metavar="YAML",
+                   help="YAML appended to the configuration of this tree's gateways (not --compare trees'), "
+                        "e.g. 'observability: {log_format: json, access_log: true}'")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=TREE",
                    help="also measure every gateway target as started from the source tree TREE "
                         "(a directory holding gateway/), named NAME, in the same run; repeatable. "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from starlette.middleware import Middleware
 
@@ -25,6 +26,8 @@ from gateway.endpoint import McpEndpoint
 from gateway.legacy_clients import LegacyClients
 from gateway.legacy_clients.fleet import fleet_from_settings
 from gateway.legacy_clients.sse_front import SseFront
+from gateway.observability import metrics
+from gateway.observability.logs import AccessLog
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
 from gateway.policies.head import HeadPhase, HeadPolicy
@@ -48,7 +51,7 @@ OPERATIONAL_PATHS = ops.PATHS
 def pipeline(settings: GatewaySettings) -> list[Middleware]:
     """The header-phase policies, outermost first."""
     server = settings.server
-    steps: list[Middleware] = [Middleware(RequestTelemetry, path=server.path)]
+    steps: list[Middleware] = [Middleware(RequestTelemetry, **telemetry_options(settings))]
     checks_host = server.bound_to_loopback or bool(server.allowed_hosts)
     if checks_host:
         steps.append(Middleware(HostPolicy, allowed_hosts=server.allowed_hosts))
@@ -63,6 +66,19 @@ def pipeline(settings: GatewaySettings) -> list[Middleware]:
         steps.append(Middleware(NoAuth))
     steps.append(Middleware(RequestLimits, max_body_bytes=server.max_body_bytes))
     return steps
+
+
+def telemetry_options(settings: GatewaySettings) -> dict[str, Any]:
+    """What the telemetry step needs: the MCP paths it watches (initialize-era HTTP+SSE
+    messages too) and the access log when configured (docs/observability.md)."""
+    server, observability = settings.server, settings.observability
+    legacy_paths: tuple[str, ...] = ()
+    if server.legacy_clients and server.legacy_sse_path is not None:
+        legacy_paths = (f"{server.legacy_sse_path.rstrip('/')}/messages",)
+    access_log = AccessLog(log_format=observability.log_format, sample=observability.access_log_sample) \
+        if observability.access_log else None
+    return {"path": server.path, "legacy_paths": legacy_paths, "access_log": access_log,
+            "max_body_bytes": server.max_body_bytes}
 
 
 def wrap(app: asgi.ASGIApp, steps: Sequence[Middleware]) -> asgi.ASGIApp:
@@ -127,6 +143,7 @@ class GatewayApp:
             metadata = ProtectedResourceMetadata(settings.auth)
             self.routes.update({path: metadata for path in metadata_paths(settings.auth, server.path)})
         self.app = wrap(self._route, pipeline(settings))
+        _export_gauges(self)
 
     async def begin_shutdown(self) -> None:
         """The server stops accepting: long-lived streams end now, cleanly, so the drain can
@@ -171,6 +188,32 @@ class GatewayApp:
                 await self.runtime.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _export_gauges(app: GatewayApp) -> None:
+    """Series for every known backend and method from the start, and the gauges read at scrape
+    time from the objects that hold the number (observability/metrics.py)."""
+    from gateway.observability.tracing import server_address
+
+    metrics.initialise((b.name, server_address(b.settings).get("server.address", "")) for b in app.runtime.backends)
+    clients = app.legacy_clients
+    if clients is not None:
+        metrics.gauge_callback(metrics.LEGACY_CLIENT_SESSIONS, "Open gateway sessions of initialize-era clients.",
+                               lambda: [((), float(len(clients.sessions)))])
+    backends = app.runtime.backends
+
+    def backend_sessions() -> list[tuple[tuple[str, ...], float]]:
+        out = []
+        for backend in backends:
+            # era: auto holds its legacy delegate (detect.py AutoBackend).
+            for one in (backend, *getattr(backend, "_delegates", {}).values()):
+                pool = getattr(one, "pool", None)
+                if pool is not None:
+                    out.append(((backend.name,), float(len(pool.sessions()))))
+        return out
+
+    metrics.gauge_callback(metrics.BACKEND_SESSIONS, "Open sessions with initialize-era backends.",
+                           backend_sessions, ("backend",))
 
 
 def build_app(settings: GatewaySettings, runtime: Runtime | None = None) -> GatewayApp:

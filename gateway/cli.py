@@ -59,7 +59,10 @@ def uvicorn_config(app: Any, settings: GatewaySettings, *, front_tls: bool = Tru
         port=settings.server.port,
         lifespan="on",
         log_level=settings.observability.log_level,
-        access_log=settings.observability.access_log,
+        # uvicorn's loggers propagate to the gateway's one handler (observability/logs.py);
+        # its own access line is replaced by the gateway's, which knows the MCP request.
+        log_config=None,
+        access_log=False,
         timeout_graceful_shutdown=settings.server.graceful_shutdown_seconds,
         server_header=False,
         # The hot path (bench/README.md "Profile"): the gateway's own HTTP/1.1
@@ -106,7 +109,9 @@ async def _serve(settings: GatewaySettings) -> None:
     if settings.demo or not settings.backends:
         demo_sock = _bind("127.0.0.1", 0)
         demo_port = demo_sock.getsockname()[1]
-        demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off"))
+        # log_config=None as for the gateway's own listeners (uvicorn_config): its lines go
+        # through the one handler, in the configured format.
+        demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off", log_config=None))
         settings = settings.model_copy(update={"backends": (
             *settings.backends,
             *GatewaySettings(backends=[{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp",
@@ -176,8 +181,8 @@ async def _serve(settings: GatewaySettings) -> None:
             ops_line = f"; operations (/healthz, /readyz, /metrics) on http://{ops_host}:{ops_sock.getsockname()[1]}"
         scheme = "https" if server_settings.tls is not None else "http"
         mcp_url = f"{scheme}://{server_settings.host}:{mcp_sock.getsockname()[1]}{server_settings.path}"
-        print(f"mcp-gateway {__version__} listening on {mcp_url} with {len(settings.backends)} backend(s): "
-              f"{', '.join(b.name for b in settings.backends)}{ops_line}", flush=True)
+        log.info("mcp-gateway %s listening on %s with %d backend(s): %s%s", __version__, mcp_url,
+                 len(settings.backends), ", ".join(b.name for b in settings.backends), ops_line)
 
     try:
         await run_until_stopped(lifecycle, mcp, [mcp_sock], ops_server, [ops_sock] if ops_sock else [],
@@ -195,13 +200,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     settings = _with_server(settings, host=args.host, port=args.port)
-    logging.basicConfig(level=settings.observability.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every upstream request at INFO: one line per call is noise, not signal.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    from gateway.observability import tracing
+    from gateway.observability import logs, tracing
+
+    logs.configure(settings.observability.log_level, settings.observability.log_format)
 
     tracing.configure(settings.observability.tracing, settings.observability.tracing_exporter)
+    if settings.observability.otlp_metrics:
+        from gateway.observability import otel_metrics
+
+        otel_metrics.configure(True)
     try:
         import uvloop  # noqa: F401  (uvicorn[standard]: the fast loop)
 
@@ -253,18 +260,20 @@ def cmd_cache_flush(args: argparse.Namespace) -> int:
     if settings is None:
         return 1
     from gateway.cache import admin
-    from gateway.cache.redis import redacted
+    from gateway.redis_client import plan_of
 
     if args.backend is not None and args.backend not in {b.name for b in settings.backends}:
         print(f"cache flush: no backend is named {args.backend!r} in the configuration", file=sys.stderr)
         return 1
     try:
-        removed = asyncio.run(admin.flush(settings.cache, args.backend))
+        removed = asyncio.run(admin.flush(settings.cache, args.backend, redis=settings.cache_redis(),
+                                          known_backends=tuple(b.name for b in settings.backends)))
     except admin.NotFlushable as exc:
         print(f"cache flush: {exc}", file=sys.stderr)
         return 1
     except admin.StoreUnavailable as exc:
-        print(f"cache flush: redis at {redacted(settings.cache.redis_url)} is unavailable: {exc}", file=sys.stderr)
+        shown = plan_of(settings.cache_redis()).describe()
+        print(f"cache flush: redis at {shown} is unavailable: {exc}", file=sys.stderr)
         return 1
     what = f"backend {args.backend!r}" if args.backend else "every backend"
     print(f"cache flushed for {what}: {removed} key(s) removed")

@@ -11,14 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from gateway import __version__
 from gateway.backends.base import Message, Reply, aclose
+from gateway.backends.concurrency import Slot
+from gateway.backends.retry import retry_after
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
-from gateway.observability import metrics
+from gateway.deadlines import within
+from gateway.observability import tracing
+from gateway.observability.backend_call import BackendCall
+from gateway.observability.record import CURRENT, RequestRecord
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call, check_param_headers
@@ -29,11 +34,8 @@ from gateway.routing.table import RouteTable, Target
 log = logging.getLogger("gateway.dispatch")
 
 SERVER_INFO = {"name": "mcp-gateway", "version": __version__}
-_BACKEND_OUTCOMES = {
-    rpc.BACKEND_UNAVAILABLE: "unavailable",
-    rpc.BACKEND_TIMEOUT: "timeout",
-    rpc.BACKEND_PROTOCOL_ERROR: "protocol",
-}
+# At most this many distinct tool names get a metric series of their own (metrics.py: bounded).
+_MAX_TOOL_LABELS = 2000
 # Re-read a backend's tools/list at most this often when a call names a tool the index lacks.
 _TOOL_INDEX_REFRESH_SECONDS = 5.0
 # Re-list the fleet's resources at most this often when a read names a URI the index lacks.
@@ -57,6 +59,35 @@ class Hub(Protocol):
         """Stop everything (upstream streams, the bus); the hub is not used again."""
 
 
+class Budget:
+    """`backends[].timeout_seconds` as the whole call's budget, as the client sees it: the
+    routing work (a tool-index refresh), the connection, every retry and the answer come out
+    of it, so no phase gets a fresh deadline (docs/resilience.md "Deadlines"). A streamed
+    answer must start within it; from then on its reads and `max_call_seconds` bound it."""
+
+    __slots__ = ("target", "call", "seconds", "started", "timeout", "phase")
+
+    def __init__(self, target: Target, call: Call) -> None:
+        self.target = target
+        self.call = call
+        self.seconds = target.backend.settings.timeout_seconds
+        loop = asyncio.get_running_loop()
+        self.started = loop.time()
+        self.timeout = within(self.started + self.seconds)  # coarse: no timer per call
+        self.phase = "waiting for its answer"
+
+    def exhausted(self) -> rpc.McpError:
+        backend = self.target.backend
+        spent = asyncio.get_running_loop().time() - self.started
+        backend.health.failed(f"no {self.call.method} answer within {self.seconds:g}s")
+        return rpc.McpError(
+            rpc.BACKEND_TIMEOUT,
+            f"Backend {backend.name!r} did not answer within {self.seconds:g}s ({self.call.method}: "
+            f"backends[].timeout_seconds is the whole call's budget; it ran out after {spent:.2f}s, {self.phase})",
+            status=504, data={"backend": backend.name, "limit": "backends[].timeout_seconds", "phase": self.phase},
+            request_id=self.call.id)
+
+
 class Dispatcher:
     def __init__(self, table: RouteTable, *, cache: ResponseCache | None = None, hub: Hub | None = None,
                  instructions: str | None = None) -> None:
@@ -67,25 +98,64 @@ class Dispatcher:
         self._tool_index_refreshed: dict[str, float] = {}
         self._resource_index_refreshed = float("-inf")
         self._resource_index_refresh: asyncio.Future[Any] | None = None
+        self._tool_labels: set[str] = set()
 
     async def dispatch(self, call: Call) -> Reply:
+        """Answer one call; the request's record (observability/record.py) learns what it was,
+        where it went and how it ended, and its SERVER span opens here, where `params._meta`
+        is known."""
+        record = CURRENT.get()
+        if record is None or record.noted or record.finished:
+            return await self._route(call)
+        record.noted = True
+        if record.era == "modern":
+            # An initialize-era client's record names what it sent (read from its body by the
+            # telemetry step), not the modern calls the gateway makes for it.
+            record.method, record.jsonrpc_id, record.version = call.method, call.id, call.version
+            record.name = call.name
+        principal = call.principal
+        if principal is not None and getattr(principal, "authenticated", False):
+            record.subject = principal.subject
+        token = None
+        if tracing.enabled() and record.span is None:
+            if record.era == "modern":
+                record.meta = call.meta
+            # Current while this call's work runs here (its CLIENT and INTERNAL spans are its
+            # children); the telemetry step ends it when the answer is sent.
+            token = tracing.attach(tracing.open_server_span(record, call.headers))
+        try:
+            reply = await self._route(call)
+        except rpc.McpError as exc:
+            record.code, record.message = exc.code, exc.message
+            raise
+        finally:
+            if token is not None:
+                tracing.detach(token)
+        if record.backend is None:
+            record.backend = reply.backend
+        record.note_answer(reply.message)
+        return reply
+
+    def _route(self, call: Call) -> Awaitable[Reply]:
+        """The handler's coroutine for this call, not awaited: `dispatch` awaits it, so the
+        record's bookkeeping adds no coroutine frame per request."""
         method = call.method
         if method == "server/discover":
-            return await self._discover(call)
+            return self._discover(call)
         spec = call.spec
         assert spec is not None
         if spec.list_key is not None:
-            return await self._list(call)
+            return self._list(call)
         if method in ("tools/call", "prompts/get"):
-            return await self._named(call)
+            return self._named(call)
         if method == "resources/read":
-            return await self._read(call)
+            return self._read(call)
         if method == "completion/complete":
-            return await self._complete(call)
+            return self._complete(call)
         if spec.stream_only:
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
-            return await self.hub.listen(call, self.table.targets)
+            return self.hub.listen(call, self.table.targets)
         raise rpc.method_not_found(method, call.id)
 
     # -- capability view of the fleet -----------------------------------------------------
@@ -143,7 +213,11 @@ class Dispatcher:
         sources: list[Source] = []
 
         async def fetch(target: Target, sub: Call) -> Message:
-            message, outcome = await self.cache.fetch(target, sub, lambda: self._list_page(target, sub), sources)
+            # One child span per backend of the fan-out (a cache hit has no CLIENT span).
+            with tracing.internal_span(f"fanout {target.backend.name}", **{"mcp.gateway.backend.name":
+                                                                            target.backend.name}):
+                message, outcome = await self.cache.fetch(target, sub, lambda: self._list_page(target, sub),
+                                                          sources)
             outcomes.append(outcome)
             return message
 
@@ -163,8 +237,13 @@ class Dispatcher:
         bench/README.md "Profile"), and everything else a lookup may wait on is bounded on its own
         (the store's socket timeouts, the fill lock's lifetime, the single-flight leader's own
         deadline)."""
-        async with asyncio.timeout(target.backend.settings.list_timeout_seconds):
-            return await self._final(target, call)
+        limit = target.backend.settings.list_timeout_seconds
+        try:
+            async with asyncio.timeout(limit):
+                return await self._final(target, call)
+        except TimeoutError:
+            target.backend.health.failed(f"no {call.method} answer within {limit:g}s")
+            raise
 
     # -- named calls ----------------------------------------------------------------------
 
@@ -182,11 +261,33 @@ class Dispatcher:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
                                      data={"name": call.name})
         target, upstream_name = resolved
-        if call.method == "tools/call":
-            annotations = await self._param_annotations(target, upstream_name)
-            if annotations:
-                check_param_headers(call, annotations)
-        return await self._forward(target, call.with_name(upstream_name))
+        record = CURRENT.get()
+        if record is not None and call.method == "tools/call":
+            record.tool_label = self._tool_label(target, upstream_name, call.name)
+        budget = Budget(target, call)
+        try:
+            with budget.timeout:
+                if call.method == "tools/call":
+                    budget.phase = "refreshing its tool index"
+                    annotations = await self._param_annotations(target, upstream_name)
+                    if annotations:
+                        check_param_headers(call, annotations)
+                budget.phase = "waiting for its answer"
+                return await self._forward(target, call.with_name(upstream_name), budget)
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
+
+    def _tool_label(self, target: Target, upstream_name: str, name: str) -> str:
+        """The tool's metric label: its client-facing name when the route table knows the tool
+        (a backend listed it), else "other" (label values never come from raw input)."""
+        if name in self._tool_labels:
+            return name
+        if self.table.param_headers(target, upstream_name) is None or len(self._tool_labels) >= _MAX_TOOL_LABELS:
+            return "other"
+        self._tool_labels.add(name)
+        return name
 
     async def tool_param_headers(self, name: str) -> tuple[Any, ...]:
         """The `x-mcp-header` annotations of the tool clients call `name` (empty if unknown).
@@ -272,12 +373,19 @@ class Dispatcher:
                                      data={"uri": call.name})
         m = call.meta
         streaming = meta.PROGRESS_TOKEN in m or meta.LOG_LEVEL in m
-        if streaming or "inputResponses" in call.params or "requestState" in call.params:
-            # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
-            reply = await self._forward(target, call)
-            reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
-            return reply
-        message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
+        budget = Budget(target, call)
+        try:
+            with budget.timeout:
+                if streaming or "inputResponses" in call.params or "requestState" in call.params:
+                    # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
+                    reply = await self._forward(target, call, budget)
+                    reply.headers = [*(reply.headers or []), *_cache_header(["bypass"])]  # type: ignore[misc]
+                    return reply
+                message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
         return Reply(target.backend.name, status=rpc.http_status_of(message), message=message,
                      headers=_cache_header([outcome]))
 
@@ -292,46 +400,115 @@ class Dispatcher:
             target, upstream = resolved
             params = dict(call.params)
             params["ref"] = {**ref, "name": upstream}
-            return await self._forward(target, call.with_params(params))
+            return await self._forward_within_budget(target, call.with_params(params))
         if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
             target = self.table.resolve_uri(ref["uri"]) or await self._resolve_relisted(ref["uri"])
             if target is None:
                 raise rpc.invalid_params(f"Resource not found: {ref['uri']!r}", call.id)
-            return await self._forward(target, call)
+            return await self._forward_within_budget(target, call)
         raise rpc.invalid_params('"ref" must be a ref/prompt with a name or a ref/resource with a uri', call.id)
 
     # -- forwarding -----------------------------------------------------------------------
 
-    async def _send(self, target: Target, call: Call) -> Reply:
-        """backend.send, measured: the one place every upstream call passes."""
-        backend = target.backend.name
-        method = metrics.method_label(call.method)
-        started = time.perf_counter()
+    async def _send(self, target: Target, call: Call) -> tuple[Reply, BackendCall]:
+        """backend.send, measured, traced and guarded by the backend's remembered health and its
+        concurrency bound: the one place every upstream call passes, for every backend kind
+        (observability/backend_call.py, docs/resilience.md). The measure runs until the answer
+        is complete: `_final` and `_forward` end it."""
+        backend = target.backend
+        health = backend.health
+        if health.ejected:
+            health.admit(call.id)  # -31001 at once, unless this call is the half-open trial
+        limiter = backend.limiter
+        slot = None
+        if limiter is not None:
+            await limiter.acquire(call.id)
+            slot = Slot(limiter)
+        record = CURRENT.get()
+        probe = BackendCall(backend, call, record.tool_label or "" if record is not None else "")
+        backend.retry_budget.deposit()
         try:
-            reply = await target.backend.send(call)
+            try:
+                reply = await backend.send(probe.call)
+            except rpc.McpError as exc:
+                # The first attempt is sent here, the rest (if any) by retry.py.
+                reply = await retry_after(backend, probe.call, health.failed, error=exc)
+            else:
+                if reply.status >= 500:
+                    reply = await retry_after(backend, probe.call, health.failed, reply=reply)
         except rpc.McpError as exc:
-            outcome = _BACKEND_OUTCOMES.get(exc.code, "error")
-            metrics.backend_requests_child(backend, method, outcome).inc()
+            if slot is not None:
+                slot.release()
+            probe.failed(exc)
             raise
-        metrics.backend_seconds_child(backend, method).observe(time.perf_counter() - started)
-        outcome = "error" if reply.message is not None and "error" in reply.message else "ok"
-        metrics.backend_requests_child(backend, method, outcome).inc()
-        return reply
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            probe.abandoned()
+            raise
+        if reply.status < 500:
+            health.succeeded()
+        if slot is not None:
+            _hold_until_done(reply, slot)
+        if record is not None and record.backend is None:
+            record.backend = backend.name
+        probe.sent(reply.message)
+        return reply, probe
 
     async def _final(self, target: Target, call: Call) -> Message:
-        reply = await self._send(target, call)
-        return modernize(await reply.final(), call, target.backend.name)
+        reply, probe = await self._send(target, call)
+        if reply.message is not None:
+            message = reply.message
+        else:
+            try:
+                message = await reply.final()
+            except rpc.McpError as exc:
+                probe.failed(exc)
+                raise
+            except BaseException:
+                probe.abandoned()
+                raise
+            probe.complete(message)
+        return modernize(message, call, target.backend.name)
 
-    async def _forward(self, target: Target, call: Call) -> Reply:
-        reply = await self._send(target, call)
+    async def _forward_within_budget(self, target: Target, call: Call) -> Reply:
+        budget = Budget(target, call)
+        try:
+            with budget.timeout:
+                return await self._forward(target, call, budget)
+        except TimeoutError:
+            if not budget.timeout.expired():
+                raise
+            raise budget.exhausted() from None
+
+    async def _forward(self, target: Target, call: Call, budget: Budget | None = None) -> Reply:
+        reply, probe = await self._send(target, call)
         if reply.message is not None:
             fixed = modernize(reply.message, call, reply.backend)
             if fixed is not reply.message:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None
-        reply.stream = _modernize_stream(reply.stream, call, reply.backend)
+        reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get(), budget)
         return reply
+
+
+def _hold_until_done(reply: Reply, slot: Slot) -> None:
+    """A streamed answer keeps its concurrency slot until the stream ends or is closed."""
+    if reply.stream is None:
+        slot.release()
+        return
+    reply.closers.append(slot.release)
+    reply.stream = _released_at_end(reply.stream, slot)
+
+
+async def _released_at_end(stream: AsyncIterator[Message], slot: Slot) -> AsyncIterator[Message]:
+    try:
+        async for message in stream:
+            yield message
+    finally:
+        slot.release()
+        await aclose(stream)
 
 
 def modernize(message: Message, call: Call, backend: str) -> Message:
@@ -362,12 +539,32 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
     return message
 
 
-async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str) -> AsyncIterator[Message]:
+async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str, probe: BackendCall,
+                            record: RequestRecord | None, budget: Budget | None = None) -> AsyncIterator[Message]:
+    """The stream, made modern. With a budget, its first message must come within the call's
+    budget (Budget): from then on the stream's own read and max_call_seconds bounds hold."""
     wants_logs = call.log_level is not None
     try:
-        async for msg in stream:
+        if budget is not None:
+            first = within(budget.started + budget.seconds)
+            try:
+                with first:
+                    msg = await anext(stream, None)
+            except TimeoutError:
+                if not first.expired():
+                    raise
+                raise budget.exhausted() from None
+            if msg is None:
+                raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
+            messages: AsyncIterator[Message] = _chain(msg, stream)
+        else:
+            messages = stream
+        async for msg in messages:
             method = msg.get("method")
             if method is None:
+                probe.complete(msg)
+                if record is not None:
+                    record.note_answer(msg)
                 yield modernize(msg, call, backend)
                 return
             if "id" in msg:
@@ -378,8 +575,20 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
                 continue  # LOG: no log messages for requests without a logLevel
             yield msg
         raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
+    except rpc.McpError as exc:
+        probe.failed(exc)
+        if record is not None and record.code is None:
+            record.code, record.message = exc.code, exc.message
+        raise
     finally:
+        probe.abandoned()  # a no-op once the answer was noted
         await aclose(stream)
+
+
+async def _chain(first: Message, rest: AsyncIterator[Message]) -> AsyncIterator[Message]:
+    yield first
+    async for msg in rest:
+        yield msg
 
 
 def merge_capabilities(all_caps: list[dict[str, Any]]) -> dict[str, Any]:

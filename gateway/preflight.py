@@ -35,9 +35,10 @@ async def find_problems(settings: GatewaySettings) -> list[tuple[str, str]]:
     """`startup_problems`, inside a running event loop (serve's)."""
     from gateway.app import build_app
     from gateway.backends import create_backend
+    from gateway.backends.replica import ReplicaContext
     from gateway.cache.factory import build_cache
     from gateway.routing.table import RouteTable
-    from gateway.subscriptions import build_hub, redis_url_of
+    from gateway.subscriptions import build_hub
 
     problems: list[tuple[str, str]] = []
     built: list[Any] = []
@@ -52,12 +53,13 @@ async def find_problems(settings: GatewaySettings) -> list[tuple[str, str]]:
         return thing
 
     # The parts in the order Runtime builds them, each named by the section it comes from.
+    replica = ReplicaContext.from_settings(settings)
     for i, backend in enumerate(settings.backends):
-        attempt(f"backends.{i}", lambda b=backend: create_backend(b, settings))
-    cache = attempt("cache", lambda: build_cache(settings.cache))
+        attempt(f"backends.{i}", lambda b=backend: create_backend(b, replica))
+    cache = attempt("cache", lambda: build_cache(settings.cache, settings.redis))
     if cache is not None:
-        hub_field = "subscriptions.redis_url" if settings.subscriptions.redis_url else (
-            "cache.redis_url" if redis_url_of(settings) else "subscriptions")
+        own_bus = settings.subscriptions.redis is not None or settings.subscriptions.redis_url is not None
+        hub_field = "subscriptions.redis" if own_bus else ("redis" if settings.bus_redis() is not None else "subscriptions")
         attempt(hub_field, lambda: build_hub(settings, RouteTable([]), cache))
     if not problems:
         # Then the whole application exactly as serve builds it (pipeline, policies, fronts).

@@ -17,6 +17,7 @@ import random
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
+from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class BackendStates:
     def record(self, name: str, state: BackendState, detail: str | None = None) -> None:
         before = self._states.get(name)
         self._states[name] = state
+        # One source for /readyz and mcp_gateway_backend_up, so the two never disagree.
+        metrics.set_backend_up(name, state is BackendState.OK)
         if state is not before:
             if state is BackendState.FAILING:
                 log.warning("backend %s: not ready: %s", name, detail or "no detail")
@@ -94,7 +97,11 @@ class ReadinessChecks:
 
     async def check(self, backend: Backend) -> BackendState:
         """One check: a discovery no older than the interval (the request path keeps it fresh
-        for free), within the backend's list deadline (Backend.discover applies it)."""
+        for free), within the backend's list deadline (Backend.discover applies it). A backend
+        its remembered health has ejected (backends/health.py) is failing without asking."""
+        if backend.health.ejected:
+            self.states.record(backend.name, BackendState.FAILING, backend.health.reason)
+            return BackendState.FAILING
         try:
             await backend.discover(max_age=self.interval)
         except rpc.McpError as exc:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from gateway.backends import create_backend
 from gateway.backends.base import Backend
+from gateway.backends.health_checks import HealthChecks
 from gateway.backends.replica import ReplicaContext
 from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
 from gateway.protocol import jsonrpc as rpc
-from gateway.readiness import BackendStates, ReadinessChecks
+from gateway.readiness import BackendState, BackendStates, ReadinessChecks
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
 from gateway.subscriptions import build_hub
@@ -34,15 +34,24 @@ class Runtime:
             [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends],
             max_uris=settings.server.max_resource_uris,
         )
-        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
+        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
         self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
         self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
         self._discovery: asyncio.Task[None] | None = None
+        # Active health checks (backends/health_checks.py); their state feeds /readyz.
+        self.health_checks = HealthChecks(self.backends)
         self.shutting_down = False
         # What /readyz reads: kept by background checks, never probed on the request.
         self.readiness = BackendStates((b.name for b in self.backends), settings.server.readiness)
         self.readiness_checks = ReadinessChecks(self.readiness, self.backends,
                                                 settings.server.readiness_interval_seconds)
+        for backend in self.backends:
+            # Remembered health (backends/health.py) feeds readiness: an ejection is "failing" at once.
+            backend.health.listeners.append(self._health_changed)
+
+    def _health_changed(self, name: str, up: bool, reason: str | None) -> None:
+        if not up:
+            self.readiness.record(name, BackendState.FAILING, reason)
 
     async def start(self) -> None:
         await asyncio.gather(*(b.start() for b in self.backends))
@@ -51,6 +60,7 @@ class Runtime:
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
+        self.health_checks.start()
         # Their first round joins that discovery (Backend.discover runs one at a time).
         self.readiness_checks.start()
 
@@ -63,6 +73,9 @@ class Runtime:
             except (rpc.McpError, TimeoutError) as exc:
                 backend.last_error = getattr(exc, "message", None) or f"no answer within {timeout:g}s"
                 log.warning("backend %s: discovery failed: %s", backend.name, backend.last_error)
+                _check_result(backend, backend.last_error)
+            else:
+                _check_result(backend, None)
 
         await asyncio.gather(*(one(b) for b in self.backends))
 
@@ -81,6 +94,19 @@ class Runtime:
         await self.readiness_checks.aclose()
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
+        await self.health_checks.aclose()
         await self.hub.aclose()
         await self.cache.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
+
+
+def _check_result(backend: Backend, failure: str | None) -> None:
+    """A discovery the gateway made for itself counts as an active check (of a backend with
+    one endpoint: with several, it does not say which one answered)."""
+    if len(backend.health.endpoints) > 1:
+        return
+    for endpoint in backend.health.endpoints:
+        if failure is None:
+            endpoint.check_passed()
+        else:
+            endpoint.check_failed(failure)

@@ -340,6 +340,35 @@ class ForwardedHeader(_Frozen):
     @property
     def target(self) -> str:
         return self.to or self.from_
+class CanarySettings(_Frozen):
+    """A `tools/call` the active health check makes (backends[].health.canary): it passes when
+    the call succeeds and, if `expect` is set, the text of its result contains it."""
+
+    tool: Annotated[str, Field(min_length=1)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    expect: str | None = None
+
+
+class HealthSettings(_Frozen):
+    """Remembered health of one backend (docs/resilience.md): passive outlier detection on
+    the calls that pass, active checks in the background, ejection and half-open recovery."""
+
+    # Consecutive failed calls (no connection, reset, timeout, HTTP 5xx) that eject it.
+    consecutive_failures: Annotated[int, Field(ge=1)] = 5
+    # The first ejection lasts this long; each further one (without a full recovery in
+    # between) lasts one more base time, up to the cap.
+    base_ejection_seconds: Annotated[float, Field(gt=0)] = 10.0
+    max_ejection_seconds: Annotated[float, Field(gt=0)] = 300.0
+    # Never more than this share of a backend's endpoints ejected at once (at least one stays
+    # in rotation). With one endpoint, it is ejected alone whatever the share.
+    max_ejected_percent: Annotated[int, Field(ge=0, le=100)] = 50
+    # Active checks: server/discover (an initialize on a legacy session, a round trip through
+    # a stdio process), or the canary below, every interval (0: no active checks). A check that
+    # passes ends an ejection at once; `failed_checks` failed ones in a row eject.
+    check_interval_seconds: Annotated[float, Field(ge=0)] = 10.0
+    check_timeout_seconds: Annotated[float, Field(gt=0)] = 2.0
+    failed_checks: Annotated[int, Field(ge=1)] = 2
+    canary: CanarySettings | None = None
 
 
 class RootSettings(_Frozen):
@@ -361,6 +390,10 @@ class RootSettings(_Frozen):
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
+    # Several endpoints of one backend (beside or instead of `url`; `era: modern` only in this
+    # build): calls go to the healthy one with fewer requests in flight of two picked at random,
+    # and one that cannot be reached sends the call to another (docs/resilience.md).
+    urls: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None
     # Extra environment for a stdio backend. It inherits only PATH, HOME, locale, TZ, TMPDIR
     # and user names from the gateway, plus the variables named in `inherit_env`.
@@ -397,8 +430,9 @@ class BackendSettings(_Frozen):
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Deadline for this backend's share of an aggregated list; a late backend is left out.
     list_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
-    # Retries for idempotent reads (lists, resources/read, server/discover) only, and only
-    # before any byte reached the client.
+    # Retries (every backend kind, docs/resilience.md "Retries"): of idempotent reads (lists,
+    # resources/read, server/discover) after a failure, and of any call that provably never
+    # reached the backend; never after a byte reached the client. Within the retry budget.
     retries: Annotated[int, Field(ge=0, le=5)] = 1
     max_connections: Annotated[int, Field(gt=0)] = 256
     # The largest answer read from this backend: a JSON body, or one event of a stream. A
@@ -426,6 +460,20 @@ class BackendSettings(_Frozen):
     max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
+    # -- resilience (docs/resilience.md) --
+    health: HealthSettings = HealthSettings()
+    # Calls in flight to this backend at once (None: no limit). Past it a call waits up to
+    # `queue_wait_seconds` in a queue of `max_queued_calls`, then fails with -31004 (HTTP 503).
+    max_concurrent_calls: Annotated[int, Field(gt=0)] | None = None
+    max_queued_calls: Annotated[int, Field(ge=0)] = 100
+    queue_wait_seconds: Annotated[float, Field(ge=0)] = 0.1
+    # Retries stay within this share of the calls made (plus `retry_budget_min_per_second`),
+    # so a brown-out is not amplified; each waits a jittered backoff, doubling from
+    # `retry_backoff_seconds` up to `retry_backoff_max_seconds`.
+    retry_budget_percent: Annotated[float, Field(ge=0, le=100)] = 20.0
+    retry_budget_min_per_second: Annotated[float, Field(ge=0)] = 5.0
+    retry_backoff_seconds: Annotated[float, Field(ge=0)] = 0.025
+    retry_backoff_max_seconds: Annotated[float, Field(ge=0)] = 0.5
     # Initialize-era backends that ask `roots/list` outside any client request (at start-up,
     # say) get these; empty: an empty list. Asked during a client's call, the question goes
     # to that client (MRTR) as before. docs/legacy.md "Roots".
@@ -440,6 +488,26 @@ class BackendSettings(_Frozen):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"{v!r} is not an http(s) URL")
         return v
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for url in v:
+            cls._url(url)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_of_urls(cls, data: Any) -> Any:
+        # `urls` alone: its first is `url` (what the era probe and single-URL code read).
+        if isinstance(data, dict) and data.get("url") is None and data.get("urls"):
+            data = {**data, "url": list(data["urls"])[0]}
+        return data
+
+    @property
+    def endpoint_urls(self) -> tuple[str, ...]:
+        """`url` and `urls`, each once, in order."""
+        return tuple(dict.fromkeys(((self.url,) if self.url is not None else ()) + self.urls))
 
     @field_validator("command")
     @classmethod
@@ -485,6 +553,9 @@ class BackendSettings(_Frozen):
         if self.transport == "sse" and self.era == "modern":
             raise FieldError("era", "transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: "
                                     "era must be 'legacy' or 'auto'")
+        if len(self.endpoint_urls) > 1 and (self.era != "modern" or self.transport == "sse"):
+            raise FieldError("urls", "several endpoints need era: modern and Streamable HTTP in this build "
+                                     "(initialize-era sessions pinned to an endpoint are not built yet)")
         return self
 
 
@@ -508,9 +579,60 @@ class CacheRule(_Frozen):
     force_private: bool | None = None
 
 
+# -- Redis ---------------------------------------------------------------------------------
+
+
+class RedisSettings(_Frozen):
+    """One Redis deployment, in any shape (docs/scale.md): a URL, or explicit `sentinels` +
+    `service_name`, or `cluster: true` + seed `nodes`. The rules live in
+    gateway/redis_client/plan.py, so check-config and serve apply the same ones."""
+
+    # A URL may carry a password: validation errors never echo the input.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    # redis:// rediss:// unix:// | redis+sentinel://h1:26379,h2:26379/service/db |
+    # redis+cluster://h1:6379,h2:6379. Unset: redis://127.0.0.1:6379/0 unless the explicit
+    # forms below are used.
+    url: str | None = None
+    sentinels: tuple[str, ...] = ()  # host:port of each Sentinel
+    service_name: str | None = None  # the master's name in Sentinel
+    cluster: bool = False
+    nodes: tuple[str, ...] = ()  # Cluster seed nodes (host:port); the rest are discovered
+    db: Annotated[int, Field(ge=0)] | None = None
+    username: str | None = None
+    # A secret (gateway/secret.py): a value, {env: VAR} or {file: path}.
+    password: Secret | None = None
+    # Sentinel's own credentials, when the Sentinels require them (often not the data nodes').
+    sentinel_username: str | None = None
+    sentinel_password: Secret | None = None
+    # TLS: on with rediss:// (or tls: true); ca_file verifies the server, cert/key for mTLS.
+    tls: bool | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def __repr_args__(self) -> Any:
+        from gateway.redis_client.plan import redacted
+
+        for name, value in super().__repr_args__():
+            yield name, (redacted(value) if name == "url" and isinstance(value, str) else value)
+
+    @model_validator(mode="after")
+    def _plan(self) -> RedisSettings:
+        from gateway.redis_client.plan import plan_of
+
+        plan_of(self)  # raises ValueError naming what is wrong
+        return self
+
+
 class CacheSettings(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
+
     store: Literal["memory", "redis", "none"] = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # The cache's own Redis; unset: the top-level `redis:` block. `redis_url` is the short
+    # form of `redis: {url: ...}`, kept for existing configs.
+    redis: RedisSettings | None = None
+    redis_url: str | None = None
     # Prefix of every Redis key and the invalidation channel; replicas sharing a cache share it.
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # The in-memory store (store: memory): LRU bounded by entry count and by encoded bytes.
@@ -545,6 +667,7 @@ class CacheSettings(_Frozen):
 
     @model_validator(mode="after")
     def _bounds(self) -> CacheSettings:
+        _one_redis(self.redis, self.redis_url)
         if self.min_ttl_ms > self.max_ttl_ms:
             raise FieldError("min_ttl_ms", f"min_ttl_ms ({self.min_ttl_ms}) is above max_ttl_ms ({self.max_ttl_ms})")
         for i, rule in enumerate(self.rules):
@@ -612,16 +735,28 @@ class SecuritySettings(_Frozen):
 
 class ObservabilitySettings(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # json: one JSON object per line for the gateway's and uvicorn's logs and the access log
+    # (the image and the manifests set it); text: the classic one-line format.
+    log_format: Literal["json", "text"] = "text"
+    # One access line per MCP request (method, name, backend, status, JSON-RPC code, duration,
+    # cache outcome, subject, request id, trace id): docs/observability.md "Access log".
     access_log: bool = False
+    # The share of successful requests that get an access line (errors always do).
+    access_log_sample: float = Field(1.0, ge=0.0, le=1.0)
     # OpenTelemetry spans per request, continued from the client's traceparent.
     tracing: bool = False
     # console, or otlp: OTLP/HTTP, from the `otlp` extra (`pip install "mcp-gateway[otlp]"`,
     # in the Docker image), configured by the standard OTEL_EXPORTER_OTLP_* variables.
     tracing_exporter: Literal["console", "otlp"] = "console"
+    # mcp.server/client.operation.duration over OTLP too (OTEL_EXPORTER_OTLP_*; the `otlp`
+    # extra); /metrics has them either way.
+    otlp_metrics: bool = False
 
 
 class SubscriptionSettings(_Frozen):
     """The subscriptions/listen hub (docs/subscriptions.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
 
     # Client listen streams one replica accepts, in total and per principal.
     max_listens: Annotated[int, Field(gt=0)] = 10_000
@@ -637,7 +772,9 @@ class SubscriptionSettings(_Frozen):
     reconnect_initial_seconds: Annotated[float, Field(gt=0)] = 0.2
     reconnect_max_seconds: Annotated[float, Field(gt=0)] = 15.0
     # Redis for fan-out across replicas and the election of one holder per upstream stream.
-    # Unset: cache.redis_url when cache.store is redis; otherwise each replica works alone.
+    # Unset: the top-level `redis:` block when it is set or cache.store is redis (the cache's
+    # own Redis then); otherwise each replica works alone. `redis_url`: short form.
+    redis: RedisSettings | None = None
     redis_url: str | None = None
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
@@ -657,10 +794,31 @@ class SubscriptionSettings(_Frozen):
                              f"({self.poll_min_seconds:g})")
         return self
 
+    @model_validator(mode="after")
+    def _redis(self) -> SubscriptionSettings:
+        _one_redis(self.redis, self.redis_url)
+        return self
+
+
+def _one_redis(block: RedisSettings | None, url: str | None) -> None:
+    if block is not None and url is not None:
+        raise ValueError("set 'redis' or its short form 'redis_url', not both")
+    if url is not None:
+        RedisSettings(url=url)  # the same rules as the block
+
+
+def section_redis(block: RedisSettings | None, url: str | None) -> RedisSettings | None:
+    """A section's own Redis: its `redis` block, or its `redis_url` short form; None: neither."""
+    if block is not None:
+        return block
+    return RedisSettings(url=url) if url is not None else None
+
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True,
+        # Inputs may hold secrets (a Redis URL's password, an HMAC key): errors never echo them.
+        hide_input_in_errors=True,
     )
 
     server: ServerSettings = ServerSettings()
@@ -670,6 +828,8 @@ class GatewaySettings(BaseSettings):
     security: SecuritySettings = SecuritySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     subscriptions: SubscriptionSettings = SubscriptionSettings()
+    # The Redis every section shares unless it names its own (docs/scale.md).
+    redis: RedisSettings = RedisSettings()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
     demo: bool = False
 
@@ -722,6 +882,19 @@ class GatewaySettings(BaseSettings):
                         f"prefixes {p!r} and {q!r}: a tool name could not be routed unambiguously"
                     )
         return self
+
+    def cache_redis(self) -> RedisSettings:
+        """The cache's Redis: its own, else the shared block."""
+        return section_redis(self.cache.redis, self.cache.redis_url) or self.redis
+
+    def bus_redis(self) -> RedisSettings | None:
+        """The listen bus's Redis, or None: each replica alone (docs/subscriptions.md)."""
+        own = section_redis(self.subscriptions.redis, self.subscriptions.redis_url)
+        if own is not None:
+            return own
+        if self.cache.store == "redis":
+            return self.cache_redis()
+        return self.redis if "redis" in self.model_fields_set else None
 
     def prefix_of(self, backend: BackendSettings) -> str:
         if backend.prefix is not None:

@@ -7,6 +7,9 @@
 # What it installs when missing (each step is idempotent):
 #   - a virtualenv at ${MCPGW_VENV:-.venv} with the gateway and its test extras
 #   - redis-server (Debian package, through apt-get; the tests start their own on free ports)
+#   - redis-sentinel (Debian package; the Sentinel tests fall back to redis-server --sentinel)
+#   - prometheus and promtool (Debian package; tests/integration/test_prometheus.py scrapes a
+#     gateway with it and skips, saying why, when it cannot be installed)
 #   - the mcp==1.30.0 virtualenv for legacy fixture servers (scripts/legacy-venv.sh)
 #   - Node 22 and the conformance suite (scripts/node22.sh, scripts/conformance.sh)
 #   - tini (Debian package: the image's PID 1, run by tests/deploy) and the deployment
@@ -40,6 +43,28 @@ if ! command -v redis-server >/dev/null 2>&1; then
     fi
 fi
 redis-server --version >&2
+
+step "redis-sentinel"
+# The Sentinel tests (tests/integration/test_redis_shapes.py) start three Sentinels; without
+# Debian's package they fall back to `redis-server --sentinel`, the same binary.
+if ! command -v redis-sentinel >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-sentinel \
+        || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-sentinel)) >&2 \
+        || echo "redis-sentinel could not be installed; the tests use redis-server --sentinel" >&2
+    (service redis-sentinel stop || true) >/dev/null 2>&1
+fi
+
+step "prometheus"
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]]; then
+        # Not fatal: the Prometheus test skips with the reason when the binaries are missing.
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            -o DPkg::Lock::Timeout=300 prometheus && (service prometheus stop || true)) >&2 2>&1 \
+            || echo "prometheus could not be installed; tests/integration/test_prometheus.py will skip" >&2
+    else
+        echo "prometheus is missing and this is not root: sudo apt-get install prometheus (its test skips)" >&2
+    fi
+fi
 
 step "legacy fixture venv (mcp==1.30.0)"
 LEGACY_PYTHON_BIN="$(bash scripts/legacy-venv.sh)"

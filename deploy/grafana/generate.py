@@ -30,66 +30,131 @@ def row(title: str, y: int) -> dict:
             "panels": []}
 
 
-def quantile(q: str, metric: str, by: str) -> str:
-    return f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{job=~\"$job\"}}[$__rate_interval])))"
+# Every query is scoped by the dashboard's variables: job and instance everywhere, backend on
+# the families that have a backend label.
+SCOPE = 'job=~"$job",instance=~"$instance"'
+BACKEND_SCOPE = SCOPE + ',backend=~"$backend"'
 
 
-def rate(metric: str, by: str, where: str = "") -> str:
-    sel = f'job=~"$job"{"," + where if where else ""}'
-    return f"sum by ({by}) (rate({metric}{{{sel}}}[$__rate_interval]))"
+def _sel(where: str = "", *, backend: bool = False) -> str:
+    base = BACKEND_SCOPE if backend else SCOPE
+    return f"{{{base}{',' + where if where else ''}}}"
+
+
+def quantile(q: str, metric: str, by: str, where: str = "", *, backend: bool = False) -> str:
+    return (f"histogram_quantile({q}, sum by (le, {by}) "
+            f"(rate({metric}_bucket{_sel(where, backend=backend)}[$__rate_interval])))")
+
+
+def rate(metric: str, by: str, where: str = "", *, backend: bool = False) -> str:
+    return f"sum by ({by}) (rate({metric}{_sel(where, backend=backend)}[$__rate_interval]))"
+
+
+def gauge(metric: str, by: str, where: str = "", *, backend: bool = False) -> str:
+    return f"sum by ({by}) ({metric}{_sel(where, backend=backend)})"
+
+
+def ratio(metric: str, by: str, part: str) -> str:
+    return f"{rate(metric, by, part)} / {rate(metric, by)}"
 
 
 def dashboard() -> dict:
     panels = [
         row("Traffic", 0),
-        panel("Requests / s by method", [(rate("mcp_gateway_requests_total", "method"), "{{method}}")],
-              unit="reqps", x=0, y=1),
+        panel("Requests / s by method and era", [(rate("mcp_gateway_requests_total", "method, era"),
+                                                  "{{method}} {{era}}")], unit="reqps", x=0, y=1),
         panel("Answers by HTTP status class", [(rate("mcp_gateway_requests_total", "status"), "{{status}}")],
               unit="reqps", x=12, y=1),
         panel("Latency p50 / p99 by method", [
             (quantile("0.5", "mcp_gateway_request_duration_seconds", "method"), "p50 {{method}}"),
             (quantile("0.99", "mcp_gateway_request_duration_seconds", "method"), "p99 {{method}}"),
         ], unit="s", x=0, y=9),
-        panel("In flight", [('sum(mcp_gateway_requests_in_flight{job=~"$job"})', "in flight")], x=12, y=9),
-        row("Backends", 17),
+        panel("In flight", [(gauge("mcp_gateway_requests_in_flight", "instance"), "{{instance}}")], x=12, y=9),
+        row("Errors", 17),
+        panel("Errors / s by JSON-RPC code", [
+            (rate("mcp_gateway_requests_total", "code", 'code!="ok"'), "{{code}}")], unit="reqps", x=0, y=18),
+        panel("Backend errors / s by backend and code", [
+            (rate("mcp_gateway_backend_requests_total", "backend, code", 'outcome!="ok"', backend=True),
+             "{{backend}} {{code}}")], unit="reqps", x=12, y=18),
+        panel("Auth failures / s by reason", [
+            (rate("mcp_gateway_auth_failures_total", "reason"), "{{reason}}")], unit="reqps", x=0, y=26),
+        panel("Tool calls / s by tool and outcome", [
+            (rate("mcp_gateway_tool_calls_total", "tool, code", backend=True), "{{tool}} {{code}}")],
+              unit="reqps", x=12, y=26),
+        row("Tools", 34),
+        panel("Tool latency p50 / p99 (mcp.server.operation.duration)", [
+            (quantile("0.5", "mcp_server_operation_duration_seconds", "gen_ai_tool_name",
+                      'mcp_method_name="tools/call"'), "p50 {{gen_ai_tool_name}}"),
+            (quantile("0.99", "mcp_server_operation_duration_seconds", "gen_ai_tool_name",
+                      'mcp_method_name="tools/call"'), "p99 {{gen_ai_tool_name}}"),
+        ], unit="s", x=0, y=35),
+        panel("Backend call p99 until the answer is complete (mcp.client.operation.duration)", [
+            (quantile("0.99", "mcp_client_operation_duration_seconds", "mcp_method_name, server_address"),
+             "{{mcp_method_name}} {{server_address}}")], unit="s", x=12, y=35),
+        row("Backends", 43),
+        panel("Backend up", [(gauge("mcp_gateway_backend_up", "backend", backend=True), "{{backend}}")],
+              x=0, y=44, w=8),
+        panel("Health checks, ejections, stdio restarts", [
+            (rate("mcp_gateway_backend_health_checks_total", "backend, result", backend=True),
+             "check {{backend}} {{result}}"),
+            (rate("mcp_gateway_backend_ejections_total", "backend", backend=True), "ejected {{backend}}"),
+            (rate("mcp_gateway_stdio_restarts_total", "backend", backend=True), "restarted {{backend}}"),
+        ], x=8, y=44, w=8),
         panel("Backend calls / s by outcome", [
-            (rate("mcp_gateway_backend_requests_total", "backend, outcome"), "{{backend}} {{outcome}}")],
-              unit="reqps", x=0, y=18),
-        panel("Backend time to answer, p99", [
-            (quantile("0.99", "mcp_gateway_backend_duration_seconds", "backend"), "{{backend}}")],
-              unit="s", x=12, y=18),
-        row("Cache", 26),
-        panel("Hit ratio by method", [(
-            'sum by (method) (rate(mcp_gateway_cache_lookups_total{job=~"$job",outcome="hit"}[$__rate_interval]))'
-            ' / sum by (method) (rate(mcp_gateway_cache_lookups_total{job=~"$job"}[$__rate_interval]))',
-            "{{method}}")], unit="percentunit", x=0, y=27, w=8),
+            (rate("mcp_gateway_backend_requests_total", "backend, outcome", backend=True), "{{backend}} {{outcome}}")],
+              unit="reqps", x=16, y=44, w=8),
+        panel("Backend time to first byte, p99", [
+            (quantile("0.99", "mcp_gateway_backend_duration_seconds", "backend", backend=True), "{{backend}}")],
+              unit="s", x=0, y=52, w=24),
+        row("Cache", 60),
+        panel("Hit ratio by scope", [(ratio("mcp_gateway_cache_lookups_total", "scope", 'outcome="hit"'),
+                                      "{{scope}}")], unit="percentunit", x=0, y=61, w=8),
         panel("Lookups by outcome and scope", [
             (rate("mcp_gateway_cache_lookups_total", "outcome, scope"), "{{outcome}} {{scope}}")],
-              unit="reqps", x=8, y=27, w=8),
+              unit="reqps", x=8, y=61, w=8),
         panel("Store errors and invalidations", [
             (rate("mcp_gateway_cache_store_errors_total", "store, operation"), "error {{store}} {{operation}}"),
             (rate("mcp_gateway_cache_invalidations_total", "kind"), "invalidated {{kind}}"),
-        ], x=16, y=27, w=8),
-        row("Subscriptions", 35),
+        ], x=16, y=61, w=8),
+        row("Subscriptions", 69),
         panel("Listen streams and upstreams", [
-            ('sum(mcp_gateway_listen_client_streams{job=~"$job"})', "client streams"),
-            ('sum by (backend) (mcp_gateway_listen_upstreams{job=~"$job"})', "upstreams {{backend}}"),
-        ], x=0, y=36, w=8),
+            (gauge("mcp_gateway_listen_client_streams", "instance"), "client streams {{instance}}"),
+            (gauge("mcp_gateway_listen_upstreams", "backend", backend=True), "upstreams {{backend}}"),
+        ], x=0, y=70, w=8),
         panel("Notifications / s by backend", [
-            (rate("mcp_gateway_listen_notifications_total", "backend"), "{{backend}}")], unit="reqps", x=8, y=36,
-              w=8),
+            (rate("mcp_gateway_listen_notifications_total", "backend", backend=True), "{{backend}}")],
+              unit="reqps", x=8, y=70, w=8),
         panel("Trouble: overflows, gaps, reconnects, refusals", [
-            ('sum(rate(mcp_gateway_listen_overflows_total{job=~"$job"}[$__rate_interval]))', "overflows"),
-            (rate("mcp_gateway_listen_gaps_total", "backend"), "gaps {{backend}}"),
-            (rate("mcp_gateway_listen_upstream_reconnects_total", "backend"), "reconnects {{backend}}"),
+            (rate("mcp_gateway_listen_overflows_total", "instance"), "overflows {{instance}}"),
+            (rate("mcp_gateway_listen_gaps_total", "backend", backend=True), "gaps {{backend}}"),
+            (rate("mcp_gateway_listen_upstream_reconnects_total", "backend", backend=True), "reconnects {{backend}}"),
             (rate("mcp_gateway_listen_rejected_total", "reason"), "refused {{reason}}"),
-        ], x=16, y=36, w=8),
-        row("Multi round-trip (legacy backends)", 44),
-        panel("Parked calls waiting for a client's retry", [
-            ('sum by (backend) (mcp_gateway_mrtr_parked_calls{job=~"$job"})', "{{backend}}"),
-            (rate("mcp_gateway_mrtr_parked_refused_total", "backend, limit"), "refused {{backend}} {{limit}}"),
-        ], x=0, y=45, w=24),
+        ], x=16, y=70, w=8),
+        row("Sessions (initialize-era clients and backends)", 78),
+        panel("Legacy client sessions", [
+            (gauge("mcp_gateway_legacy_client_sessions", "instance"), "open {{instance}}"),
+            (rate("mcp_gateway_legacy_client_sessions_created_total", "instance"), "created {{instance}}"),
+            (rate("mcp_gateway_legacy_client_sessions_expired_total", "instance"), "expired {{instance}}"),
+        ], x=0, y=79, w=8),
+        panel("Backend sessions", [
+            (gauge("mcp_gateway_backend_sessions", "backend", backend=True), "open {{backend}}"),
+            (rate("mcp_gateway_backend_sessions_created_total", "backend", backend=True), "created {{backend}}"),
+            (rate("mcp_gateway_backend_sessions_expired_total", "backend", backend=True), "expired {{backend}}"),
+        ], x=8, y=79, w=8),
+        panel("Parked MRTR calls (legacy backends)", [
+            (gauge("mcp_gateway_mrtr_parked_calls", "backend", backend=True), "{{backend}}"),
+            (rate("mcp_gateway_mrtr_parked_refused_total", "backend, limit", backend=True),
+             "refused {{backend}} {{limit}}"),
+        ], x=16, y=79, w=8),
+        row("Build", 87),
+        panel("Versions running", [(gauge("mcp_gateway_build_info", "version, instance"),
+                                    "{{version}} {{instance}}")], x=0, y=88, w=24, h=5, kind="table"),
     ]
+
+    def variable(name: str, query: str) -> dict:
+        return {"name": name, "type": "query", "datasource": DS, "query": query, "refresh": 2,
+                "includeAll": True, "multi": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"}}
+
     return {
         "title": "mcp-gateway",
         "uid": "mcp-gateway",
@@ -99,8 +164,9 @@ def dashboard() -> dict:
         "tags": ["mcp", "gateway"],
         "templating": {"list": [
             {"name": "datasource", "type": "datasource", "query": "prometheus"},
-            {"name": "job", "type": "query", "datasource": DS, "query": "label_values(mcp_gateway_requests_total, job)",
-             "includeAll": True, "multi": True, "current": {"text": "All", "value": "$__all"}},
+            variable("job", "label_values(mcp_gateway_build_info, job)"),
+            variable("instance", 'label_values(mcp_gateway_build_info{job=~"$job"}, instance)'),
+            variable("backend", 'label_values(mcp_gateway_backend_up{job=~"$job",instance=~"$instance"}, backend)'),
         ]},
         "panels": panels,
     }

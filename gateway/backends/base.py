@@ -17,8 +17,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
+
+from gateway.backends.concurrency import CallLimiter
+from gateway.backends.health import BackendHealth
+from gateway.backends.retry import RetryBudget, send_with_retries
 
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
@@ -85,6 +90,15 @@ async def aclose(stream: AsyncIterator[Any]) -> None:
         await closer()
 
 
+def _text_of(result: Message) -> str:
+    """The text a tool result carries: its text blocks and its structured content."""
+    parts = [block.get("text", "") for block in result.get("content") or ()
+             if isinstance(block, dict) and isinstance(block.get("text"), str)]
+    if "structuredContent" in result:
+        parts.append(orjson.dumps(result["structuredContent"]).decode())
+    return "\n".join(parts)
+
+
 def internal_call(method: str, params: dict[str, Any] | None = None, *, request_id: rpc.RequestId = 0) -> Call:
     """A request the gateway makes on its own behalf (discovery, hub listens, index refresh)."""
     p = dict(params or {})
@@ -111,8 +125,46 @@ class Backend(abc.ABC):
         self._discover_failure: rpc.McpError | None = None
         self._discover_failed_at = 0.0
         self.last_error: str | None = None
+        # Remembered health and the concurrency bound (docs/resilience.md): built from the
+        # settings alone, so a reload that keeps these settings can keep this backend whole.
+        self.health = BackendHealth(settings.name, settings.health, self.endpoint_labels())
+        self.limiter = (None if settings.max_concurrent_calls is None else CallLimiter(
+            settings.name, settings.max_concurrent_calls, max_queued=settings.max_queued_calls,
+            wait=settings.queue_wait_seconds))
+        self.retry_budget = RetryBudget(settings.retry_budget_percent, settings.retry_budget_min_per_second)
         # The clock of the discovery cache and failure memory (a test's ManualClock).
         self.clock: Callable[[], float] = time.monotonic
+
+    def endpoint_labels(self) -> tuple[str, ...]:
+        """What the health metrics call each endpoint: its origin, or the process."""
+        if self.settings.url is not None:
+            origins = tuple(f"{p.scheme}://{p.netloc}" for p in map(urlsplit, self.settings.endpoint_urls))
+            # Two endpoints on one origin (different paths) are told apart by their whole URL.
+            return origins if len(set(origins)) == len(origins) else self.settings.endpoint_urls
+        return ("process",)
+
+    async def check_endpoint(self, index: int) -> None:
+        """An active check of one endpoint; a backend with one endpoint checks itself."""
+        await self.health_check()
+
+    async def health_check(self) -> None:
+        """One active check (health_checks.py), raising McpError when it fails: the canary
+        `tools/call` when one is configured, else a fresh `server/discover` (for a legacy
+        backend that is an initialize on a pooled session; for stdio, a round trip through
+        the live process)."""
+        canary = self.settings.health.canary
+        if canary is None:
+            await self.discover(max_age=0)
+            return
+        reply = await self.send(internal_call("tools/call", {"name": canary.tool, "arguments": canary.arguments}))
+        message = await reply.final()
+        result = message.get("result")
+        if not isinstance(result, dict) or result.get("isError"):
+            error = message.get("error") or {}
+            raise rpc.backend_unavailable(self.name, f"canary {canary.tool!r} failed: "
+                                          f"{error.get('message') or 'isError result'}")
+        if canary.expect is not None and canary.expect not in _text_of(result):
+            raise rpc.backend_unavailable(self.name, f"canary {canary.tool!r} answered without {canary.expect!r}")
 
     @abc.abstractmethod
     async def send(self, call: Call) -> Reply:
@@ -196,7 +248,7 @@ class Backend(abc.ABC):
             raise self._remembered_failure()
 
     async def _fetch_discover(self) -> Message:
-        reply = await self.send(internal_call("server/discover"))
+        reply = await send_with_retries(self, internal_call("server/discover"))
         msg = await reply.final()
         result = msg.get("result")
         if not isinstance(result, dict):

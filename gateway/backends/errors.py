@@ -59,6 +59,18 @@ def describe(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
+def mark_never_sent(error: rpc.McpError) -> rpc.McpError:
+    """Say of a gateway error that its request provably never reached the backend (no
+    connection was made; the process was not running), so that it may be retried whatever
+    its method (backends/retry.py). An attribute, not `data`: the client does not see it."""
+    error.never_sent = True  # type: ignore[attr-defined]
+    return error
+
+
+def never_sent(error: rpc.McpError) -> bool:
+    return getattr(error, "never_sent", False)
+
+
 # Every exception `gateway_error` maps (a read timeout is a plain TimeoutError).
 UPSTREAM_FAILURES = (UpstreamError, TimeoutError)
 
@@ -69,13 +81,14 @@ def gateway_error(exc: BaseException, backend: str, *, timeout: float | None,
     one of UPSTREAM_FAILURES), or None when it is not one. `upstream_errors` applies it; the pass-through path calls it from a bare
     `except UPSTREAM_FAILURES`, which costs nothing until something fails."""
     if isinstance(exc, ConnectTimeout):
-        return rpc.backend_timeout(backend, exc.seconds, request_id)
+        return mark_never_sent(rpc.backend_timeout(backend, exc.seconds, request_id))
     if isinstance(exc, TimeoutError):
         return rpc.backend_timeout(backend, timeout or 0, request_id)
     if isinstance(exc, ResponseTooLarge):
         return rpc.backend_protocol_error(backend, describe(exc), request_id)
     if isinstance(exc, UpstreamError):  # ConnectError, UpstreamConnectionError
-        return rpc.backend_unavailable(backend, f"{what}: {describe(exc)}" if what else describe(exc), request_id)
+        error = rpc.backend_unavailable(backend, f"{what}: {describe(exc)}" if what else describe(exc), request_id)
+        return mark_never_sent(error) if isinstance(exc, ConnectError) else error
     return None
 
 

@@ -14,8 +14,10 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from gateway.backends.base import Backend, Message, Reply
-from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, upstream_errors
+from gateway.backends.base import Backend, Message, Reply, internal_call
+from gateway.backends.endpoints import choose
+from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, never_sent, upstream_errors
+from gateway.backends.health import EndpointHealth
 from gateway.backends import http1, tls
 from gateway.backends.credentials import credentials_for
 from gateway.backends.http1 import UpstreamResponse
@@ -34,11 +36,24 @@ log = logging.getLogger("gateway.backends.modern")
 # refuse the gateway (digest §a.2).
 _RELAYED = ("traceparent", "tracestate", "baggage")
 _ACCEPT = "application/json, text/event-stream"
-_RETRYABLE_STATUS = frozenset({502, 503, 504})
 # The 4xx statuses the spec gives a JSON-RPC error body (digest §a.3): relayed with their code.
 # Any other 4xx is the backend refusing the gateway, never the client (`rpc.backend_refused`).
 _RELAYED_4XX = frozenset({400, 404})
 _END = object()  # the end of an SSE body (a JSON `null` payload must not look like it)
+
+
+class _Done:
+    """An endpoint's in-flight count, given back once when a streamed answer closes."""
+
+    __slots__ = ("_endpoint",)
+
+    def __init__(self, endpoint: EndpointHealth) -> None:
+        self._endpoint: EndpointHealth | None = endpoint
+
+    def release(self) -> None:
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.in_flight -= 1
 
 
 class ModernHttpBackend(Backend):
@@ -58,6 +73,9 @@ class ModernHttpBackend(Backend):
         if settings.identity_header is not None:
             secret = (replica or ReplicaContext.alone()).secret
             self._identity = (settings.identity_header, IdentitySigner(secret))
+        self.urls = settings.endpoint_urls
+        if len(self.urls) > 1:
+            self.send = self._send_spread  # type: ignore[method-assign]
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -81,28 +99,13 @@ class ModernHttpBackend(Backend):
         if self._identity is not None:
             name, signer = self._identity
             headers[name] = signer.value(call.principal)
-        if tracing.enabled():
-            headers.update(tracing.outgoing_headers())  # the gateway's span is the parent
+        tracing.add_outgoing_headers(headers)  # the gateway's CLIENT span, X-Request-Id
         return headers
 
-    async def send(self, call: Call) -> Reply:
-        attempts = 1 + (self.settings.retries if call.spec is not None and call.spec.idempotent else 0)
-        for attempt in range(attempts):
-            try:
-                reply = await self._send_once(call)
-            except rpc.McpError as exc:
-                if attempt + 1 < attempts and exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
-                    log.info("retrying %s on %s after: %s", call.method, self.name, exc.message)
-                    await asyncio.sleep(0.05 * (attempt + 1))
-                    continue
-                self.last_error = exc.message
-                raise
-            if reply.status in _RETRYABLE_STATUS and attempt + 1 < attempts and reply.stream is None:
-                continue
-            return reply
-        raise AssertionError("unreachable")
-
-    async def _send_once(self, call: Call, *, fresh_token: bool = False) -> Reply:
+    async def send(self, call: Call, url: str | None = None, *, fresh_token: bool = False) -> Reply:
+        """One POST (to `url`, or the backend's one URL); retries are the caller's
+        (backends/retry.py), the same for every kind, except one: a 401 to a token the gateway
+        obtained is asked again once with a fresh token (docs/auth.md)."""
         # A listen stream is quiet for as long as nothing changes: no read deadline.
         read_timeout = None if call.stream_only else self.settings.timeout_seconds
         headers = self._headers(call)
@@ -113,7 +116,7 @@ class ModernHttpBackend(Backend):
                 call.principal, call.id)
             if authorization is not None:
                 headers["authorization"] = authorization
-        response = await self._client.post(self.url, call.wire_body(), headers,
+        response = await self._client.post(url or self.url, call.wire_body(), headers,
                                            read_timeout=read_timeout, request_id=call.id)
         if response.status == 401 and authorization is not None and not fresh_token:
             # The token was revoked or expired early: once more with a fresh one, then the
@@ -123,7 +126,7 @@ class ModernHttpBackend(Backend):
             response.release()
             self.credentials.refused(call.principal, authorization)
             log.info("backend %s answered 401: fetching a fresh token and retrying once", self.name)
-            return await self._send_once(call, fresh_token=True)
+            return await ModernHttpBackend.send(self, call, url, fresh_token=True)
         if response.content_type == "text/event-stream" and response.status < 400:
             reply = Reply(self.name, response.status, stream=self._events(response, call))
             reply.closers.append(response.close)
@@ -164,6 +167,54 @@ class ModernHttpBackend(Backend):
         raise rpc.backend_protocol_error(
             self.name, f"HTTP {status} with content-type {response.content_type or 'none'!r}", call.id
         )
+
+    async def _send_spread(self, call: Call) -> Reply:
+        """`send` over several endpoints (endpoints.py chooses). Each request's outcome is
+        reported to the endpoint that served it; one that could not be reached at all sends
+        the call on to another at once, whatever its method (nothing reached the backend)."""
+        endpoints = self.health.endpoints
+        tried: list[EndpointHealth] = []
+        last: rpc.McpError | None = None
+        while True:
+            endpoint = choose(endpoints, tried)
+            if endpoint is None:
+                raise last if last is not None else self.health.unavailable(call.id)
+            url = self.urls[endpoints.index(endpoint)]
+            endpoint.in_flight += 1
+            try:
+                reply = await ModernHttpBackend.send(self, call, url)
+            except rpc.McpError as exc:
+                endpoint.in_flight -= 1
+                if exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
+                    endpoint.failed(exc.message)
+                if not never_sent(exc):
+                    raise
+                tried.append(endpoint)
+                last = exc
+                continue
+            except BaseException:
+                endpoint.in_flight -= 1
+                raise
+            if reply.status >= 500:
+                endpoint.failed(f"HTTP {reply.status}")
+            else:
+                endpoint.succeeded()
+            if reply.stream is None:
+                endpoint.in_flight -= 1
+            else:
+                reply.closers.append(_Done(endpoint).release)
+            return reply
+
+    async def check_endpoint(self, index: int) -> None:
+        """server/discover POSTed to that endpoint (a canary, when configured, runs through
+        the backend as a whole: its result does not say which endpoint served it)."""
+        if len(self.urls) == 1 or self.settings.health.canary is not None:
+            await self.health_check()
+            return
+        reply = await ModernHttpBackend.send(self, internal_call("server/discover"), self.urls[index])
+        message = await reply.final()
+        if not isinstance(message.get("result"), dict):
+            raise rpc.backend_protocol_error(self.name, f"server/discover failed at {self.urls[index]}")
 
     async def _events(self, response: UpstreamResponse, call: Call) -> AsyncIterator[Message]:
         """JSON-RPC messages from an upstream SSE body, as they arrive. A call's stream ends

@@ -20,7 +20,8 @@ from collections.abc import Callable
 import orjson
 
 from gateway.backends.base import Message
-from gateway.backends.errors import UpstreamConnectionError, upstream_errors
+from gateway.backends.errors import UpstreamConnectionError, mark_never_sent, upstream_errors
+from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
 
@@ -78,7 +79,8 @@ class StdioProcess:
         try:
             await asyncio.wait_for(self._started.wait(), wait)
         except TimeoutError:
-            raise rpc.backend_unavailable(self.name, f"process {self.command[0]!r} is not running") from None
+            raise mark_never_sent(
+                rpc.backend_unavailable(self.name, f"process {self.command[0]!r} is not running")) from None
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         async with self._write_lock:
@@ -128,6 +130,8 @@ class StdioProcess:
             else:
                 self._proc = proc
                 self.generation += 1
+                if self.generation > 1:  # a restart, of any stdio process (modern or legacy)
+                    metrics.STDIO_RESTARTS.labels(self.name).inc()
                 self._started.set()
                 log.info("backend %s: started %r (pid %d)", self.name, self.command[0], proc.pid)
                 stderr = asyncio.ensure_future(self._drain_stderr(proc))

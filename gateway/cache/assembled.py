@@ -30,6 +30,7 @@ import orjson
 from gateway.cache.entry import Entry, Store
 from gateway.cache.keys import canonical_params
 from gateway.observability import metrics
+from gateway.observability.record import note_cache
 
 if TYPE_CHECKING:
     from gateway.backends.base import Message
@@ -82,6 +83,7 @@ class AssembledAnswers:
         assert ttl is not None
         for _, entry in answer.sources:
             metrics.cache_lookups_child(call.method, entry.scope, "hit").inc()
+        note_cache("hit", answer.sources[0][1].scope if answer.sources else None)
         self.reused += 1
         ttl_bytes = str(ttl).encode()
         body = b"".join((b'{"jsonrpc":"2.0","id":', orjson.dumps(call.id), b',"result":{"ttlMs":', ttl_bytes, b",",

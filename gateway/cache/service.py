@@ -32,7 +32,8 @@ from gateway.cache.keys import (
 )
 from gateway.cache.policy import CachePolicy, Decision, with_hints
 from gateway.cache.singleflight import SingleFlight
-from gateway.observability import metrics
+from gateway.observability import metrics, tracing
+from gateway.observability.record import note_cache
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.methods import LIST_METHODS
 from gateway.settings import CacheSettings
@@ -99,7 +100,12 @@ class StoreCache:
             return await self._without_store(backend, call, load)
         candidates = (keys.private, keys.public) if keys.private else (keys.public,)
         try:
-            entries = await self.store.get(candidates)
+            if tracing.enabled():
+                # A child span of the request for the store's round trip (Redis: a network call).
+                with tracing.internal_span("cache lookup", **{"mcp.gateway.cache.store": type(self.store).__name__}):
+                    entries = await self.store.get(candidates)
+            else:
+                entries = await self.store.get(candidates)
         except StoreUnavailable:
             return await self._without_store(backend, call, load)
         now = self.clock()
@@ -262,6 +268,7 @@ class StoreCache:
     @staticmethod
     def _count(call: Call, scope: str, outcome: Outcome) -> Outcome:
         metrics.cache_lookups_child(call.method, scope, outcome).inc()
+        note_cache(outcome, scope)
         return outcome
 
     # -- invalidation (called by the subscription hub and the operator CLI) ------------------

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.legacy_clients.sealed import INPUT_REQUEST, SESSION, Sealer, principal_binding
 from gateway.legacy_clients.sessions import LegacySession, SessionStore, per_principal_share
 from gateway.legacy_clients.shared import LiveState, SharedSessions, SharedUnavailable
+from gateway.observability import metrics
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
@@ -111,6 +112,7 @@ class FleetSessions:
         session = self._materialize(session_id, key, principal_key, protocol_version, client_capabilities,
                                     client_info, server_capabilities)
         session.recorded = recorded
+        metrics.LEGACY_SESSIONS_CREATED.inc()  # once in the fleet: by the replica that answered initialize
         return session
 
     async def get(self, session_id: str, principal_key: str) -> LegacySession | None:
@@ -272,21 +274,22 @@ class FleetSessions:
 
 def fleet_from_settings(settings: GatewaySettings, owner_url: str) -> Callable[[SessionStore], FleetSessions] | None:
     """Sessions any replica can serve need a key all replicas share (`security.secret`) and a
-    Redis they share (the listen bus's: `subscriptions.redis_url`, else the cache's). Without
+    Redis they share (the listen bus's: `GatewaySettings.bus_redis()`). Without
     either, None: each replica keeps its own sessions in memory, as a single replica does.
     `owner_url` is this replica's address for forwarded answers (`Runtime.replica.owner`)."""
-    from gateway.subscriptions import redis_url_of
+    from gateway.redis_client.plan import plan_of
 
     secret = settings.security.secret
-    url = redis_url_of(settings)
-    if not secret or not url:
+    redis = settings.bus_redis()
+    if not secret or redis is None:
         return None
+    plan = plan_of(redis)
     server = settings.server
     share = per_principal_share(server.legacy_max_sessions)
     replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     def build(store: SessionStore) -> FleetSessions:
-        shared = SharedSessions(url, prefix=settings.subscriptions.redis_key_prefix,
+        shared = SharedSessions(plan, prefix=settings.subscriptions.redis_key_prefix,
                                 idle_seconds=server.legacy_session_idle_seconds, replica_id=replica_id)
         return FleetSessions(store, Sealer(secret.get_secret_value().encode()), shared, owner_url=owner_url,
                              max_per_principal=share, max_total=server.legacy_max_sessions)

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from gateway.observability import metrics
 from gateway.protocol.principal import ANONYMOUS, Principal, principal_of
 
 log = logging.getLogger("gateway.legacy_clients")
@@ -310,6 +311,7 @@ class SessionStore:
         )
         self._sessions[session.id] = session
         self._held[principal_key] += 1
+        metrics.LEGACY_SESSIONS_CREATED.inc()
         return session
 
     def adopt(self, session: LegacySession) -> None:
@@ -378,6 +380,7 @@ class SessionStore:
 
     async def sweep(self) -> None:
         for session in [s for s in self._sessions.values() if self._expired(s)]:
+            metrics.LEGACY_SESSIONS_EXPIRED.inc()
             await self.end(session)
 
     def end_notification_streams(self) -> None:

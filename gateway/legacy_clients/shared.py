@@ -31,7 +31,9 @@ from typing import Any
 
 import orjson
 
-from gateway.redis_pubsub import close_subscription, subscribe_forever
+from gateway.redis_client.clients import publish
+from gateway.redis_client.plan import RedisPlan
+from gateway.redis_client.pubsub import close_subscription, subscribe_forever
 
 log = logging.getLogger("gateway.legacy_clients.shared")
 
@@ -70,22 +72,23 @@ return {fields, redis.call('SMEMBERS', KEYS[2])}
 
 
 class SharedSessions:
-    def __init__(self, url: str, *, prefix: str, idle_seconds: float, replica_id: str,
+    def __init__(self, plan: RedisPlan, *, prefix: str, idle_seconds: float, replica_id: str,
                  timeout_seconds: float = 0.5) -> None:
         import redis.asyncio as redis  # a gateway without Redis never imports it
+        from redis.exceptions import RedisClusterException
 
-        from gateway.cache.redis import redacted
+        from gateway.redis_client.clients import client_for  # noqa: PLC0415
 
-        self._errors = (redis.RedisError, OSError, TimeoutError)
-        self._shown_url = redacted(url)
+        # RedisClusterException is not a RedisError: a Cluster's trouble is an outage too.
+        self._errors = (redis.RedisError, RedisClusterException, OSError, TimeoutError)
+        self._shown_url = plan.describe()  # never the password
         self.prefix = f"{prefix}:legacy"
         self.channel = f"{self.prefix}:events"
         self.idle_ms = max(1, int(idle_seconds * 1000))
         self.replica_id = replica_id
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_seconds,
-                                            socket_connect_timeout=timeout_seconds)
+        self._client = client_for(plan, timeout=timeout_seconds, connect_timeout=timeout_seconds)
         # The subscriber idles as long as nothing changes: no read timeout.
-        self._sub_client = redis.Redis.from_url(url, socket_connect_timeout=timeout_seconds)
+        self._sub_client = client_for(plan, timeout=None, connect_timeout=timeout_seconds, keepalive=True)
         self._release_stream = self._client.register_script(_RELEASE_STREAM)
         self._touch = self._client.register_script(_TOUCH)
         self._listener: asyncio.Task[None] | None = None
@@ -158,7 +161,7 @@ class SharedSessions:
 
     async def _publish(self, event: Event) -> None:
         try:
-            await self._client.publish(self.channel, orjson.dumps(event))
+            await publish(self._client, self.channel, orjson.dumps(event))
         except self._errors as exc:
             self._trouble("publish", exc)
 

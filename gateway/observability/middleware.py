@@ -1,6 +1,13 @@
-"""RequestTelemetry: the outermost step of the pipeline. It reads the method from the
-`Mcp-Method` header (header-first: no body needed), times the answer to its last byte, and
-counts it by status, so that even requests refused by a policy are seen."""
+"""RequestTelemetry: the outermost step of the pipeline. Every MCP request gets a request id
+(the client's `X-Request-Id` when it is plain and short, else a new one; echoed in the answer),
+a `RequestRecord` the inner layers fill in (record.py), and when it ends: its metrics, its
+SERVER span and its access line. Requests refused by a policy are seen too.
+
+Modern requests name their method in the `Mcp-Method` header, so nothing is parsed here; the
+span opens when the dispatcher has the validated call (its `params._meta` holds the parent).
+Initialize-era clients (no `Mcp-Method`) and HTTP+SSE messages are read as the app reads them:
+the method, name and id come from their body (`_peek`), which costs them one more decode.
+"""
 
 from __future__ import annotations
 
@@ -8,48 +15,184 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
+import orjson
+
 from gateway import asgi
-from gateway.observability import metrics, tracing
+from gateway.observability import metrics, otel_metrics, tracing
+from gateway.observability.logs import AccessLog
+from gateway.observability.record import CURRENT, RequestRecord, request_id_from
+
+# Error answers are decoded for their JSON-RPC code only when small (they always are).
+_MAX_ERROR_BODY = 64 * 1024
 
 
 class RequestTelemetry:
-    def __init__(self, app: asgi.ASGIApp, *, path: str) -> None:
+    def __init__(self, app: asgi.ASGIApp, *, path: str, legacy_paths: tuple[str, ...] = (),
+                 access_log: AccessLog | None = None, max_body_bytes: int = 4 * 1024 * 1024) -> None:
         self.app = app
         self.path = path
-        # (method label, status) → its request counter and duration histogram: one dict probe
-        # per request instead of two label lookups and a status string (both label sets are
-        # bounded: metrics.py).
-        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self.legacy_paths = frozenset(legacy_paths)
+        self.access_log = access_log
+        self.max_body_bytes = max_body_bytes
+        # label tuple → its loop-owned metric children: one dict probe per request instead of
+        # several label lookups (every label set is bounded: metrics.py).
+        self._children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        if scope["type"] != "http" or scope["path"] != self.path:
+        if scope["type"] != "http" or scope["method"] != "POST" or (
+                scope["path"] != self.path and scope["path"] not in self.legacy_paths):
             await self.app(scope, receive, send)
             return
         headers = asgi.request_headers(scope)
-        method = metrics.method_label(headers.get("mcp-method"))
-        status = 500
-        started = time.perf_counter()
-        span = tracing.start_request_span(method, headers) if tracing.enabled() else None
+        header_method = headers.get("mcp-method")
+        record = RequestRecord(request_id_from(headers.get("x-request-id")), time.perf_counter(),
+                               "modern" if header_method is not None else "legacy", scope)
+        if header_method is not None:
+            record.method = metrics.method_label(header_method)
+        else:
+            if scope["path"] != self.path:
+                record.transport = "sse"
+            record.version = headers.get("mcp-protocol-version")
+            receive = self._peek(record, receive)
+        rid = record.request_id.encode()
+        error_body: list[bytes] | None = None
 
-        def send_noting_status(message: asgi.Message) -> Awaitable[None]:
+        def send_noting(message: asgi.Message) -> Awaitable[None]:
             # A plain function handing back the server's own awaitable: an `async def` here
             # would make one more coroutine per message sent (bench/README.md "Third round").
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
+            nonlocal error_body
+            kind = message["type"]
+            if kind == "http.response.start":
+                record.status = status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid)]
+                if status >= 400 and record.code is None:
+                    error_body = []
+            elif error_body is not None and kind == "http.response.body":
+                error_body.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    _note_error_body(record, b"".join(error_body))
+                    error_body = None
             return send(message)
 
+        token = CURRENT.set(record)
         metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, send_noting_status)
+            await self.app(scope, receive, send_noting)
         finally:
             metrics.in_flight.dec()
-            children = self._children.get((method, status))
-            if children is None:
-                label = metrics.status_label(status)
-                children = self._children[(method, status)] = (
-                    metrics.requests_child(method, label), metrics.request_seconds_child(method))
-            children[0].inc()
-            children[1].observe(time.perf_counter() - started)
-            if span is not None:
-                tracing.end_request_span(span, status)
+            record.finished = True
+            CURRENT.reset(token)
+            self._finish(record, scope, headers)
+
+    def _finish(self, record: RequestRecord, scope: asgi.Scope, headers: dict[str, str]) -> None:
+        seconds = time.perf_counter() - record.started
+        method = metrics.method_label(record.method)
+        if record.code is not None:
+            code = metrics.code_label(record.code)
+        elif record.tool_error:
+            code = metrics.TOOL_ERROR
+        else:
+            code = metrics.OK if record.status < 400 else metrics.NONE
+        # tools/call: the tool's own series when the route table knows the name (dispatch
+        # sets `tool_label`), else "other".
+        tool = (record.tool_label or metrics.OTHER) if method == "tools/call" else ""
+        key = (method, record.era, record.status, code, record.version, tool)
+        children = self._children.get(key)
+        if children is None:
+            error = {metrics.OK: "", metrics.OTHER: "_OTHER", metrics.NONE: str(record.status)}.get(code, code)
+            version = _version_label(record.version)
+            children = self._children[key] = (
+                metrics.requests_child(method, record.era, metrics.status_label(record.status), code),
+                metrics.request_seconds_child(method, record.era),
+                metrics.SERVER_OPERATION.labels(method, error, tool, version, "tcp"),
+                otel_metrics.attributes(method, error, tool, version, "tcp"),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
+        children[2].observe(seconds)
+        if otel_metrics.server_duration is not None:
+            otel_metrics.server_duration.record(seconds, children[3])
+        if record.era == "legacy" and record.translation is None:
+            record.translation = "legacy-client"
+        trace_id = None
+        if tracing.enabled():
+            if record.span is None:
+                # Never dispatched (refused by a policy, unparseable, answered by the gateway
+                # session itself): the span is made now, with the request's arrival as its start.
+                tracing.open_server_span(record, headers)
+            trace_id = format(record.span.get_span_context().trace_id, "032x")
+            tracing.close_server_span(record)
+        if self.access_log is not None and self.access_log.wants(record):
+            self.access_log.log(record, seconds, trace_id)
+
+    def _peek(self, record: RequestRecord, receive: asgi.Receive) -> asgi.Receive:
+        """`receive`, noting the method, name, id and `_meta` of the body it delivers."""
+        chunks: list[bytes] = []
+        size = 0
+
+        async def peeking() -> asgi.Message:
+            nonlocal size
+            message = await receive()
+            if message["type"] == "http.request" and size >= 0:
+                body = message.get("body", b"")
+                size += len(body)
+                if size > self.max_body_bytes:
+                    size = -1  # refused by the size limit: not read here either
+                    chunks.clear()
+                else:
+                    chunks.append(body)
+                    if not message.get("more_body", False):
+                        _note_body(record, b"".join(chunks))
+                        chunks.clear()
+            return message
+
+        return peeking
+
+
+_VERSIONS: dict[str | None, str] = {None: ""}
+
+
+def _version_label(version: str | None) -> str:
+    """mcp.protocol.version as a label: only the versions the gateway speaks."""
+    label = _VERSIONS.get(version)
+    if label is None:
+        from gateway.protocol.versions import BACKEND_LEGACY_VERSIONS, MODERN_VERSIONS
+
+        label = version if version in (*MODERN_VERSIONS, *BACKEND_LEGACY_VERSIONS) else metrics.OTHER  # type: ignore[assignment]
+        if len(_VERSIONS) < 64:
+            _VERSIONS[version] = label  # type: ignore[assignment]
+    return label  # type: ignore[return-value]
+
+
+def _note_body(record: RequestRecord, body: bytes) -> None:
+    """What an initialize-era message says about itself (a batch: its first request)."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(message, list):
+        message = next((m for m in message if isinstance(m, dict) and "method" in m), None)
+    if not isinstance(message, dict) or not isinstance(message.get("method"), str):
+        return
+    record.method = metrics.method_label(message["method"])
+    record.jsonrpc_id = message.get("id") if isinstance(message.get("id"), (str, int)) else None
+    params = message.get("params")
+    if isinstance(params, dict):
+        name = params.get("uri") if record.method == "resources/read" else params.get("name")
+        record.name = name if isinstance(name, str) else None
+        meta = params.get("_meta")
+        record.meta = meta if isinstance(meta, dict) else None
+        version = params.get("protocolVersion")
+        if record.method == "initialize" and isinstance(version, str):
+            record.version = version
+
+
+def _note_error_body(record: RequestRecord, body: bytes) -> None:
+    if record.code is not None or not body or len(body) > _MAX_ERROR_BODY or body[:1] != b"{":
+        return
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(message, dict):
+        record.note_answer(message)

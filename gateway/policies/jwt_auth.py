@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import jwt
 
 from gateway import asgi
+from gateway.observability import metrics
 from gateway.policies.head import HeadPolicy
 from gateway.policies.jwt_config import (
     ScopeRules,
@@ -266,6 +267,7 @@ class JwtAuth(HeadPolicy):
                                      description=failure.description if failure.error else None)
         # Debug, not info: a 401 is the normal first step of every OAuth client.
         log.debug("auth refused (%d %s): %s", failure.status, failure.error or "no token", failure.description)
+        metrics.count_auth_failure(failure.status, failure.error, failure.description)
         reason = _REASONS[failure.status]
         # 431 (RFC 6585 §5) is about the size of the request, not its credentials: no challenge.
         headers = None if failure.status == 431 else {"WWW-Authenticate": challenge}

@@ -454,3 +454,29 @@ async def test_a_concurrent_flood_of_unknown_kids_costs_the_idp_one_fetch(settin
                 for i in range(50)))
             assert {r.status_code for r in responses} == {401}, wave
     assert endpoint.fetches == 1  # both waves fall within jwks_min_refresh_seconds of the one fetch
+
+
+def _auth_failures(text: str) -> dict[str, float]:
+    """mcp_gateway_auth_failures_total by reason, from an exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('mcp_gateway_auth_failures_total{reason="'):
+            reason = line.split('"')[1]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def test_auth_failures_are_counted_by_reason_never_by_what_the_client_sent(settings, issuer):
+    async with running_gateway(settings) as gw, httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        before = _auth_failures((await client.get(f"{gw.base}/metrics")).text)
+        assert {"missing_token", "invalid_token", "expired_token", "insufficient_scope"} <= before.keys()
+        assert (await call_tool(client, gw.url, None)).status_code == 401
+        assert (await call_tool(client, gw.url, "not.a.jwt")).status_code == 401
+        assert (await call_tool(client, gw.url, issuer.token(scope="mcp:read mcp:tools", lifetime=-120))
+                ).status_code == 401
+        assert (await call_tool(client, gw.url, issuer.token(scope="mcp:read"))).status_code == 403
+        assert (await call_tool(client, gw.url, issuer.token(scope="mcp:read mcp:tools"))).status_code == 200
+        after = _auth_failures((await client.get(f"{gw.base}/metrics")).text)
+    moved = {reason: after[reason] - before.get(reason, 0) for reason in after}
+    assert {reason: n for reason, n in moved.items() if n} == {
+        "missing_token": 1, "invalid_token": 1, "expired_token": 1, "insufficient_scope": 1}

@@ -179,7 +179,8 @@ async def test_timeouts_are_per_backend(gw, client):
                                id="late")
     assert late.status_code == 504
     error = late.json()["error"]
-    assert error["code"] == -31002 and error["data"] == {"backend": "alpha"}
+    # The attempt's read timeout or the call's budget (both 1 s here), whichever fires first.
+    assert error["code"] == -31002 and error["data"]["backend"] == "alpha"
     assert "1s" in error["message"]  # says which deadline was missed
     on_time = await mcp_http.post(client, gw.url, "tools/call", {"name": "beta__slow", "arguments": {"seconds": 1.5}})
     assert on_time.json()["result"]["content"][0]["text"] == "beta: slept"

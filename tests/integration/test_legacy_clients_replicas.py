@@ -228,6 +228,9 @@ async def test_session_state_and_its_end_are_the_fleets(
         leveled = await http.post(second, content=rpc("logging/setLevel", {"level": "warning"}),
                                   headers=hdrs(session))
         assert leveled.json()["result"] == {}
+        # Created once in the fleet, counted by the replica that answered initialize only (the
+        # other one materialized it).
+        assert [await _sessions_created(http, url) for url in (first, second)] == [1.0, 0.0]
         call = await http.post(first, content=rpc("tools/call", {"name": "conf__test_logging_tool", "arguments": {}}, id=2),
                                headers=hdrs(session))
         notes = [json.loads(data) for _, data in [e async for e in _events(call)] if data]
@@ -244,6 +247,12 @@ async def test_session_state_and_its_end_are_the_fleets(
         for url in (first, second):
             gone = await http.post(url, content=rpc("ping", id=4), headers=hdrs(session))
             assert gone.status_code == 404
+
+
+async def _sessions_created(http: httpx.AsyncClient, mcp_url: str) -> float:
+    text = (await http.get(mcp_url.removesuffix("/mcp") + "/metrics")).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("mcp_gateway_legacy_client_sessions_created_total"))
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[tuple[str | None, str]]:

@@ -204,3 +204,28 @@ async def test_a_quiet_stream_gets_keepalive_comments(conformance_backend) -> No
             lines = stream.aiter_lines()
             seen = [await asyncio.wait_for(anext(lines), 5) for _ in range(4)]
     assert seen[0] == "event: endpoint" and ": keepalive" in seen
+
+
+def _requests_total(text: str, method: str, era: str) -> float:
+    """mcp_gateway_requests_total summed over status and code for one method and era."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("mcp_gateway_requests_total{") and f'method="{method}"' in line and f'era="{era}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_http_sse_messages_are_counted_by_their_own_method(gateway: RunningGateway) -> None:
+    # The POSTs carry no Mcp-Method header: the telemetry step reads the method from the body
+    # (docs/observability.md), so HTTP+SSE clients are counted like every other.
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        before = (await http.get(f"{gateway.base}/metrics")).text
+        async with RawSseClient(http, sse_url(gateway)) as sse:
+            await sse.initialize()
+            accepted = await sse.post({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                       "params": {"name": "test_simple_text", "arguments": {}}})
+            assert accepted.status_code == 202 and accepted.headers["x-request-id"]
+            assert (await sse.next_message())["id"] == 1
+        after = (await http.get(f"{gateway.base}/metrics")).text
+    for method in ("initialize", "notifications/initialized", "tools/call"):
+        assert _requests_total(after, method, "legacy") - _requests_total(before, method, "legacy") == 1, method

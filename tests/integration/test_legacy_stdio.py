@@ -15,6 +15,7 @@ import pytest
 from mcp_types import ElicitResult
 
 from gateway.backends.base import internal_call
+from gateway.observability import metrics
 from tests.support import legacy_venv
 from tests.support.gateway import running_gateway
 from tests.support.procs import FIXTURE_SERVERS
@@ -64,10 +65,13 @@ async def test_legacy_stdio_backend_end_to_end() -> None:
 
             backend = auto._delegates["legacy"]
             old_pid = backend.process.pid
+            restarts = metrics.STDIO_RESTARTS.labels("files")
+            before = restarts._value.get()
             os.kill(old_pid, signal.SIGKILL)
             await _wait_for_restart(backend, old_pid)
             again = await client.call_tool("echo", {"text": "after restart"})
             assert again.content[0].text == "after restart"
+            assert restarts._value.get() - before == 1  # mcp_gateway_stdio_restarts_total
 
 
 async def test_a_dead_process_ends_its_listens() -> None:

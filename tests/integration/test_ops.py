@@ -101,12 +101,14 @@ async def test_metrics_are_prometheus_text(backend, client):
 async def test_metrics_count_answered_refused_and_forwarded_requests(backend, client):
     # The per-request metrics are loop-owned values (observability/loop_metrics.py): this
     # checks them end to end, through the exposition a Prometheus server scrapes.
-    call_ok = ("mcp_gateway_requests_total", frozenset({("method", "tools/call"), ("status", "2xx")}))
-    refused = ("mcp_gateway_requests_total", frozenset({("method", "tools/call"), ("status", "4xx")}))
+    modern = {("method", "tools/call"), ("era", "modern")}
+    call_ok = ("mcp_gateway_requests_total", frozenset({*modern, ("status", "2xx"), ("code", "ok")}))
+    # The Origin refusal carries its JSON-RPC code (-32600) as the `code` label.
+    refused = ("mcp_gateway_requests_total", frozenset({*modern, ("status", "4xx"), ("code", "-32600")}))
     upstream = ("mcp_gateway_backend_requests_total",
-                frozenset({("backend", "ops"), ("method", "tools/call"), ("outcome", "ok")}))
-    timed = ("mcp_gateway_request_duration_seconds_count", frozenset({("method", "tools/call")}))
-    slowest = ("mcp_gateway_request_duration_seconds_bucket", frozenset({("method", "tools/call"), ("le", "+Inf")}))
+                frozenset({("backend", "ops"), ("method", "tools/call"), ("outcome", "ok"), ("code", "ok")}))
+    timed = ("mcp_gateway_request_duration_seconds_count", frozenset(modern))
+    slowest = ("mcp_gateway_request_duration_seconds_bucket", frozenset({*modern, ("le", "+Inf")}))
     in_flight = ("mcp_gateway_requests_in_flight", frozenset())
     async with running_gateway({"backends": [{"name": "ops", "url": backend.url}]}) as gw:
         before = _samples((await client.get(f"{gw.base}/metrics")).text)

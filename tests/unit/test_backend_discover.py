@@ -29,7 +29,8 @@ class Switch:
 
 def backend(**settings: Any) -> tuple[FakeBackend, Switch, ManualClock]:
     switch, clock = Switch(), ManualClock()
-    fake = FakeBackend(switch, **settings)
+    # No retries: these tests count the discoveries asked (a retry is backends/retry.py's).
+    fake = FakeBackend(switch, **{"retries": 0, **settings})
     fake.clock = clock
     return fake, switch, clock
 

@@ -31,7 +31,7 @@ def exported_names() -> set[str]:
 
 def test_every_queried_metric_is_exported():
     exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p.get("targets", [])]
-    queried = {m for e in exprs for m in re.findall(r"\b(mcp_gateway_[a-z_]+)", e)}
+    queried = {m for e in exprs for m in re.findall(r"\b(mcp_(?:gateway|server|client)_[a-z_]+)", e)}
     assert queried, "the dashboard queries nothing"
     missing = queried - exported_names()
     assert not missing, f"dashboard queries metrics the gateway does not export: {sorted(missing)}"

@@ -43,3 +43,19 @@ def test_the_report_holds_names_and_states_only():
     s = states("any", OK, FAILING)
     s.record("b1", FAILING, "connect to 10.0.0.7:8000 refused")
     assert s.report() == {"status": "ready", "backends": {"b0": "ok", "b1": "failing"}}
+
+
+def test_each_recorded_state_is_the_backend_up_gauge():
+    """/readyz and mcp_gateway_backend_up read one record: they cannot disagree."""
+    from prometheus_client import REGISTRY
+
+    def up(name: str) -> float | None:
+        return REGISTRY.get_sample_value("mcp_gateway_backend_up", {"backend": name})
+
+    s = BackendStates(["readiness-gauge"], "any")
+    s.record("readiness-gauge", OK)
+    assert up("readiness-gauge") == 1
+    s.record("readiness-gauge", FAILING, "connect refused")
+    assert up("readiness-gauge") == 0 and not s.ready
+    s.record("readiness-gauge", OK)
+    assert up("readiness-gauge") == 1 and s.ready

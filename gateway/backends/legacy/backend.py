@@ -26,6 +26,7 @@ from gateway.backends.legacy.listen import LegacyListens
 from gateway.backends.legacy.pool import SessionPool
 from gateway.backends.exchange import Exchange
 from gateway.backends.legacy.session import LegacySession
+from gateway.observability.tracing import traced
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.principal import Principal
@@ -123,6 +124,7 @@ class LegacyBackend(Backend):
             return await self._resume(call)
         return await self._call(call)
 
+    @traced(None, translation="legacy-session")
     async def _call(self, call: Call) -> Reply:
         """A fresh backend request for this call, on a warm session."""
         method = call.method
@@ -311,6 +313,7 @@ class LegacyBackend(Backend):
 
     # -- MRTR ---------------------------------------------------------------------------
 
+    @traced("mrtr park", translation="mrtr-minted")
     async def _park(self, call: Call, session: LegacySession, exchange: Exchange,
                     pending: dict[str, Message]) -> Message:
         """The InputRequiredResult that parks this call until the client's retry. Raises
@@ -379,6 +382,7 @@ class LegacyBackend(Backend):
 
         session.spawn(give_up())
 
+    @traced("mrtr resume", translation="mrtr-resumed")
     async def _resume(self, call: Call) -> Reply:
         try:
             state = self.sealer.open(call.params.get("requestState"))

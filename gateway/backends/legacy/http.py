@@ -28,6 +28,7 @@ from gateway.backends.errors import UpstreamConnectionError, UpstreamError, desc
 from gateway.backends.exchange import Exchange
 from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.http1 import Http1Client, UpstreamResponse
+from gateway.observability.tracing import add_outgoing_headers
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -120,6 +121,7 @@ class HttpSession(LegacySession):
                 headers["mcp-session-id"] = self.session_id
             if self.version in _VERSIONED:
                 headers["mcp-protocol-version"] = self.version
+        add_outgoing_headers(headers)  # the gateway's CLIENT span, X-Request-Id
         return headers
 
     async def _post(self, message: Message, *, initialize: bool = False) -> UpstreamResponse:

@@ -34,6 +34,7 @@ from typing import Any
 from gateway.backends.exchange import Exchange
 from gateway.backends.legacy.session import LegacySession, SessionExpired
 from gateway.backends.legacy.translate import pool_key
+from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 
 log = logging.getLogger("gateway.backends.legacy.pool")
@@ -219,6 +220,7 @@ class SessionPool:
                 if (session.in_flight == 0 and session not in self.pinned
                         and now - session.last_used > self.idle_seconds):
                     self._drop(session)
+                    metrics.BACKEND_SESSIONS_EXPIRED.labels(self.backend).inc()
                     log.info("backend %s: closing idle legacy session", self.backend)
                     with contextlib.suppress(Exception):
                         await session.close()

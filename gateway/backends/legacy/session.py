@@ -36,6 +36,8 @@ import orjson
 
 from gateway import __version__
 from gateway.backends.exchange import Exchange, is_request_id
+from gateway.observability import metrics
+from gateway.observability.tracing import traced
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.versions import BACKEND_LEGACY_VERSIONS, LATEST_LEGACY
 
@@ -133,6 +135,7 @@ class LegacySession(abc.ABC):
     def in_flight(self) -> int:
         return len(self._exchanges)
 
+    @traced("legacy-session initialize")
     async def open(self) -> None:
         """initialize at the newest legacy version, then notifications/initialized (L-LC)."""
         request = {
@@ -159,6 +162,7 @@ class LegacySession(abc.ABC):
         self.version = version
         self.initialize_result = result
         await self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        metrics.BACKEND_SESSIONS_CREATED.labels(self.backend).inc()
 
     def fail_all(self, error: rpc.McpError) -> None:
         """Every request in flight fails with `error` (the transport died)."""

@@ -32,6 +32,7 @@ from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.exchange import Exchange
 from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.http1 import UpstreamResponse
+from gateway.observability.tracing import outgoing_headers
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 from gateway.backends.replica import ReplicaContext
@@ -152,7 +153,7 @@ class SseSession(LegacySession):
 
     async def _post(self, message: Message) -> None:
         assert self.endpoint is not None
-        headers = {**self.static_headers, "content-type": "application/json"}
+        headers = {**self.static_headers, "content-type": "application/json", **outgoing_headers()}
         response = await self.posts.post(self.endpoint, orjson.dumps(message), headers,
                                          read_timeout=self.connect_timeout)
         with upstream_errors(self.backend, timeout=self.connect_timeout):

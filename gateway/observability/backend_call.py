@@ -1,0 +1,126 @@
+"""BackendCall: one call to a backend, measured from its sending until its answer is complete
+(a stream: its final message), the one seam every backend kind passes (dispatch.py `_send`).
+
+It counts the call by backend, method, outcome and JSON-RPC code, observes
+`mcp.client.operation.duration` (OpenTelemetry MCP conventions) and, with tracing on, holds
+the CLIENT span and hands the dispatcher the call to send, with the span's context injected
+(tracing.py `open_client_span`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.observability import metrics, otel_metrics, tracing
+from gateway.protocol import jsonrpc as rpc
+
+_GATEWAY_OUTCOMES = {
+    rpc.BACKEND_UNAVAILABLE: "unavailable",
+    rpc.BACKEND_TIMEOUT: "timeout",
+    rpc.BACKEND_PROTOCOL_ERROR: "protocol",
+}
+# (backend, method, outcome, code, version, tool) → its metric children: one probe per call.
+_children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
+# backend name → (network.transport, server.address) labels, made once.
+_peers: dict[str, tuple[str, str]] = {}
+# (backend, method) → the time-to-first-byte histogram child.
+_first_byte: dict[tuple[str, str], Any] = {}
+
+
+def _peer(backend: Any) -> tuple[str, str]:
+    peer = _peers.get(backend.name)
+    if peer is None:
+        address = tracing.server_address(backend.settings)
+        peer = _peers[backend.name] = (address["network.transport"], address.get("server.address", ""))
+    return peer
+
+
+class BackendCall:
+    __slots__ = ("backend", "call", "method", "tool", "started", "span", "token", "done")
+
+    def __init__(self, backend: Any, call: Any, tool: str = "") -> None:
+        self.backend = backend
+        self.method = metrics.method_label(call.method)
+        self.tool = tool
+        self.span = None
+        self.token = None
+        self.done = False
+        if tracing._tracer is not None:
+            self.span, self.token, call = tracing.open_client_span(backend, call)
+        self.call = call
+        self.started = time.perf_counter()
+
+    def sent(self, message: Any) -> None:
+        """The backend's answer has started; `message` is the whole answer when not a stream."""
+        key = (self.backend.name, self.method)
+        child = _first_byte.get(key)
+        if child is None:
+            child = _first_byte[key] = metrics.backend_seconds_child(*key)
+        child.observe(time.perf_counter() - self.started)
+        if self.token is not None:
+            self._detach()
+        if message is not None:
+            self.complete(message)
+
+    def complete(self, message: Any) -> None:
+        """The final answer arrived (a backend's JSON-RPC error included)."""
+        if self.done:
+            return
+        code: int | None = None
+        tool_error = False
+        error = message.get("error") if isinstance(message, dict) else None
+        if isinstance(error, dict):
+            code = error.get("code") if type(error.get("code")) is int else rpc.INTERNAL_ERROR
+            outcome, label = "error", metrics.code_label(code)
+        else:
+            result = message.get("result") if isinstance(message, dict) else None
+            tool_error = isinstance(result, dict) and result.get("isError") is True
+            outcome = label = metrics.TOOL_ERROR if tool_error else metrics.OK
+        self._end(outcome, label, code, error.get("message") if isinstance(error, dict) else None, tool_error)
+
+    def failed(self, exc: rpc.McpError) -> None:
+        """The gateway made the error (unreachable, timeout, protocol violation)."""
+        self._detach()
+        if self.done:
+            return
+        self._end(_GATEWAY_OUTCOMES.get(exc.code, "error"), metrics.code_label(exc.code), exc.code, exc.message, False)
+
+    def abandoned(self) -> None:
+        """Closed or cancelled before its final answer (the client went away)."""
+        self._detach()
+        if not self.done:
+            self._end("cancelled", metrics.OTHER, None, "cancelled before the answer was complete", False)
+
+    def _end(self, outcome: str, label: str, code: int | None, message: str | None, tool_error: bool) -> None:
+        self.done = True
+        call = self.call
+        key = (self.backend.name, self.method, outcome, label, call.version, self.tool)
+        children = _children.get(key)
+        if children is None:
+            transport, address = _peer(self.backend)
+            error = "" if label == metrics.OK else "_OTHER" if label == metrics.OTHER else label
+            if outcome == "cancelled":
+                error = "cancelled"
+            children = _children[key] = (
+                metrics.backend_requests_child(self.backend.name, self.method, outcome, label),
+                metrics.CLIENT_OPERATION.labels(self.method, error, self.tool, call.version, transport, address),
+                metrics.TOOL_CALLS.labels(self.backend.name, self.tool or metrics.OTHER, label)
+                if self.method == "tools/call" else None,
+                otel_metrics.attributes(self.method, error, self.tool, call.version, transport, address),
+            )
+        seconds = time.perf_counter() - self.started
+        children[0].inc()
+        children[1].observe(seconds)
+        if children[2] is not None:
+            children[2].inc()
+        if otel_metrics.client_duration is not None:
+            otel_metrics.client_duration.record(seconds, children[3])
+        if self.span is not None:
+            tracing.close_client_span(self.span, code, message, tool_error)
+            self.span = None
+
+    def _detach(self) -> None:
+        if self.token is not None:
+            tracing.detach(self.token)
+            self.token = None

@@ -1,0 +1,184 @@
+"""Logs: the gateway's and uvicorn's on one stream in one format, and the access log.
+
+`observability.log_format: json` writes one JSON object per line (`time`, `level`, `logger`,
+`message`, and `request_id` / `trace_id` when the line was logged while a request was being
+answered); `text` keeps the one-line human format with the request id appended. Both go to
+stdout; spans of the console exporter go to stderr (tracing.py), so neither interleaves the
+other.
+
+The access line is not a `logging` record: a record, its formatting and the handler's lock and
+flush cost ~10 µs, a per-request price the pass-through budget cannot pay. Lines are encoded
+with orjson and written together once per event-loop pass (`AccessLog`), like the gateway's
+socket writes (write_batch.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from gateway.observability import tracing
+from gateway.observability.record import CURRENT, RequestRecord
+
+_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+_last: list[Any] = [-1, ""]  # the last millisecond formatted, and its text
+_second: list[Any] = [-1, ""]  # the last second formatted, and its text
+
+
+def _timestamp(created: float) -> str:
+    """ISO 8601 UTC with milliseconds (truncated). Made once per millisecond, its date and
+    time part once per second: a datetime per line cost more than the rest of an access line,
+    and a busy gateway writes many lines per millisecond."""
+    ms = int(created * 1000)
+    if ms == _last[0]:
+        return _last[1]
+    second = ms // 1000
+    if second != _second[0]:
+        _second[0], _second[1] = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    text = f"{_second[1]}.{ms % 1000:03d}Z"
+    _last[0], _last[1] = ms, text
+    return text
+
+
+class RequestContext(logging.Filter):
+    """Adds the current request's id and trace id to every record logged while it runs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = CURRENT.get()
+        record.request_id = current.request_id if current is not None else None
+        record.trace_id = tracing.current_trace_id()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": _timestamp(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("request_id", "trace_id"):
+            value = getattr(record, key, None)
+            if value is not None:
+                out[key] = value
+        for key, value in record.__dict__.items():  # `extra=` fields, e.g. uvicorn's
+            if key not in _RESERVED and key not in out and not key.startswith("_") and key not in (
+                    "request_id", "trace_id", "color_message"):
+                out[key] = value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(out).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        request_id = getattr(record, "request_id", None)
+        return f"{line} [request_id={request_id}]" if request_id else line
+
+
+def configure(level: str, log_format: str, stream: Any = None) -> logging.Handler:
+    """One handler on the root logger for everything (the gateway's loggers and uvicorn's, which
+    propagate once uvicorn is run with `log_config=None`)."""
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.addFilter(RequestContext())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uv = logging.getLogger(name)
+        uv.handlers.clear()
+        uv.propagate = True
+    # httpx logs every upstream request at INFO: one line per call is noise, not signal.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return handler
+
+
+# Access lines are held at most this long, or until this many wait: one write per batch, not
+# per request (a write per loop pass was most of the access log's cost under load).
+_FLUSH_SECONDS = 0.05
+_FLUSH_LINES = 256
+
+
+class AccessLog:
+    """One line per MCP request, written in batches (at most `_FLUSH_SECONDS` late; what is
+    held is written at exit too)."""
+
+    def __init__(self, *, log_format: str = "json", sample: float = 1.0, fd: int | None = None) -> None:
+        self.json = log_format == "json"
+        self.sample = sample
+        self.fd = sys.stdout.fileno() if fd is None else fd
+        self._pending: list[bytes] = []
+        self._scheduled = False
+        self.written = 0
+        atexit.register(self.flush)
+
+    def wants(self, record: RequestRecord) -> bool:
+        # Errors are always logged; successes by the configured share.
+        return (self.sample >= 1.0 or record.status >= 400 or record.code is not None or record.tool_error
+                or random.random() < self.sample)
+
+    def log(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
+        code: int | str | None = record.code if record.code is not None else ("tool_error" if record.tool_error
+                                                                              else None)
+        fields = {
+            "time": _timestamp(time.time()),
+            "level": "info",
+            "logger": "gateway.access",
+            "message": "mcp request",
+            "request_id": record.request_id,
+            "trace_id": trace_id,
+            "method": record.method,
+            "name": record.name,
+            "backend": record.backend,
+            "status": record.status,
+            "jsonrpc_code": code,
+            "duration_ms": seconds * 1000.0,
+            "cache": record.cache,
+            "subject": record.subject,
+            "era": record.era,
+        }
+        if self.json:
+            line = orjson.dumps(fields) + b"\n"
+        else:
+            line = (" ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("level", "logger"))
+                    + "\n").encode()
+        pending = self._pending
+        pending.append(line)
+        if len(pending) >= _FLUSH_LINES:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            try:
+                asyncio.get_running_loop().call_later(_FLUSH_SECONDS, self.flush)
+            except RuntimeError:
+                self.flush()
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if not self._pending:
+            return
+        data, self._pending = b"".join(self._pending), []
+        self.written += data.count(b"\n")
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError:
+            pass  # a closed stdout must not break answering
