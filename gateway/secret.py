@@ -34,7 +34,7 @@ def resolve(value: Any) -> Any:
         if form == "env" and isinstance(where, str) and where:
             found = os.environ.get(where)
             if found is None:
-                raise ValueError(f"environment variable {where} (named by {{env: {where}}}) is not set")
+                raise ValueError(f"environment variable {where} is not set")
             return found
         if form == "file" and isinstance(where, str) and where:
             try:
