@@ -113,6 +113,11 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
 async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
     era = "legacy" if args.mode == "legacy" else "modern"
     backend_extra = json.loads(args.backend) if args.backend else {}
+    if args.credentials == "headers":
+        backend_extra["auth"] = {"type": "headers", "headers": {"x-api-key": "bench-key-" + "k" * 32}}
+    elif args.credentials == "client-credentials":
+        backend_extra["auth"] = {"type": "oauth_client_credentials", "token_url": args.token_url,
+                                 "client_id": "bench", "client_secret": "bench-secret"}
     extra: dict[str, Any] = {}
     if args.access_log or args.tracing:
         # The access log is written to fd 1, which main() points at a file (the figures go to stderr).
@@ -153,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--access-log", action="store_true", help="observability.access_log: true, JSON (to a file)")
     p.add_argument("--tracing", action="store_true",
                    help="tracing on, every request sampled, console exporter (to a file)")
+    p.add_argument("--credentials", choices=("none", "headers", "client-credentials"), default="none",
+                   help="backends[].auth: none, static headers, or a cached client-credentials token from "
+                        "bench/token_server.py (issue 20)")
     p.add_argument("--backend", default="", help='extra backend settings as JSON, e.g. \'{"max_concurrent_calls": 1000}\'')
     args = p.parse_args(argv)
     report = sys.stdout
@@ -170,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     with take_lock(900):
         port = free_port()
         pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) >= 2 else []
+        token_server = None
         backend = subprocess.Popen([*pin, sys.executable, str(BENCH / "backend.py"), "--port", str(port),
                                     "--mode", "legacy" if args.mode == "legacy" else "modern",
                                     "--tools", "50", "--ttl-ms", "60000"],
@@ -181,6 +190,18 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 except OSError:
                     time.sleep(0.1)
+            if args.credentials == "client-credentials":
+                token_port = free_port()
+                token_server = subprocess.Popen([sys.executable, str(BENCH / "token_server.py"), "--port",
+                                                 str(token_port)], stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL, start_new_session=True)
+                args.token_url = f"http://127.0.0.1:{token_port}/token"
+                for _ in range(100):
+                    try:
+                        socket.create_connection(("127.0.0.1", token_port), timeout=0.2).close()
+                        break
+                    except OSError:
+                        time.sleep(0.1)
             if (os.cpu_count() or 1) >= 2:
                 os.sched_setaffinity(0, {1})
             import uvloop
@@ -189,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             backend.kill()
             backend.wait(timeout=5)
+            if token_server is not None:
+                token_server.kill()
+                token_server.wait(timeout=5)
     results.sort()
-    print(f"{args.mode}, {args.callers} callers: gateway CPU per request min {results[0]:.1f} µs, "
+    print(f"{args.mode} (credentials: {args.credentials}), {args.callers} callers: gateway CPU per request min {results[0]:.1f} µs, "
           f"median {results[len(results) // 2]:.1f} µs over {len(results)} rounds of {args.requests}",
           file=report, flush=True)
     return 0

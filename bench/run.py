@@ -592,6 +592,26 @@ def wl_passthrough_call(ctx: Context) -> list[Target]:
     ]
 
 
+def wl_passthrough_credentials(ctx: Context) -> list[Target]:
+    """tools/call pass-through with no backend credentials, with `auth: {type: headers}`, and
+    with a cached `oauth_client_credentials` token, against one backend in the same run
+    (issue 20: each must cost no more than 3 µs per request over none)."""
+    be = ctx.backend("modern", tools=10)
+    port = free_port()
+    lp = ctx._logfile("token-server")
+    p = ctx.procs.start("token-server", [PY, str(BENCH / "token_server.py"), "--port", str(port)], log_path=lp)
+    wait_ready(f"http://127.0.0.1:{port}/healthz", p, 15, lp)
+    plain = {"name": "bench", "url": be, "era": "modern", "prefix": ""}
+    headers = {**plain, "auth": {"type": "headers", "headers": {"x-api-key": "bench-key-" + "k" * 32}}}
+    oauth = {**plain, "auth": {"type": "oauth_client_credentials", "token_url": f"http://127.0.0.1:{port}/token",
+                               "client_id": "bench", "client_secret": "bench-secret"}}
+    return [
+        ctx.gateway_target(CALL_ECHO, check_call, [plain], name="no-credentials"),
+        ctx.gateway_target(CALL_ECHO, check_call, [headers], name="headers"),
+        ctx.gateway_target(CALL_ECHO, check_call, [oauth], name="client-credentials"),
+    ]
+
+
 def wl_tools_list(ctx: Context) -> list[Target]:
     # ttlMs 0: the result is immediately stale, so a spec-following gateway forwards every
     # request (this measures the list pass-through path, not the cache; see cache-hit-*).
@@ -929,6 +949,9 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
     # name: (function, what it measures, in the default set)
     "passthrough-call": (wl_passthrough_call,
                          "tools/call echo on a modern backend: direct, nginx, gateway", True),
+    "passthrough-credentials": (wl_passthrough_credentials,
+                                "tools/call pass-through: no backend credentials vs auth headers vs a"
+                                " cached client-credentials token", False),
     "tools-list": (wl_tools_list,
                    "tools/list (50 tools, ttlMs 0 = not cacheable): direct, nginx, gateway", True),
     "legacy-direct": (wl_legacy_direct,

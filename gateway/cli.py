@@ -46,9 +46,10 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any:
+def uvicorn_config(app: Any, settings: GatewaySettings, *, front_tls: bool = True, **overrides: Any) -> Any:
     """The uvicorn configuration the gateway runs under (tests use it too, so that they run
-    the same HTTP protocol as production)."""
+    the same HTTP protocol as production); with `server.tls` on the MCP listener
+    (`front_tls`), never on the ops listener, whose probes speak plain HTTP."""
     import uvicorn
 
     from gateway.http11 import Http11Protocol
@@ -73,6 +74,10 @@ def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any
         proxy_headers=False,
         backlog=4096,
     )
+    if settings.server.tls is not None and front_tls:
+        from gateway import front_tls as tls
+
+        options.update(tls.uvicorn_options(settings.server.tls))
     options.update(overrides)
     return uvicorn.Config(app, **options)
 
@@ -154,15 +159,28 @@ async def _serve(settings: GatewaySettings) -> None:
     mcp = GatewayServer(uvicorn_config(app, settings))
     ops_server = None
     if ops_sock is not None:
-        ops_server = Listener(uvicorn_config(app.ops_app, settings, lifespan="off", access_log=False))
+        ops_server = Listener(uvicorn_config(app.ops_app, settings, front_tls=False, lifespan="off",
+                                             access_log=False))
     lifecycle = Lifecycle(app.runtime.readiness, drain_delay_seconds=server_settings.drain_delay_seconds)
+    if server_settings.tls is not None:
+        from gateway.front_tls import reload_certificates
+
+        tls_settings, previous = server_settings.tls, lifecycle.on_reload
+
+        def reload() -> None:
+            # SIGHUP: the renewed certificate first (a small call the live reload can make too).
+            reload_certificates(mcp.config.ssl, tls_settings)
+            previous()
+
+        lifecycle.on_reload = reload
 
     def started() -> None:
         ops_line = ""
         if ops_sock is not None:
             ops_host = server_settings.ops_host or server_settings.host
             ops_line = f"; operations (/healthz, /readyz, /metrics) on http://{ops_host}:{ops_sock.getsockname()[1]}"
-        mcp_url = f"http://{server_settings.host}:{mcp_sock.getsockname()[1]}{server_settings.path}"
+        scheme = "https" if server_settings.tls is not None else "http"
+        mcp_url = f"{scheme}://{server_settings.host}:{mcp_sock.getsockname()[1]}{server_settings.path}"
         log.info("mcp-gateway %s listening on %s with %d backend(s): %s%s", __version__, mcp_url,
                  len(settings.backends), ", ".join(b.name for b in settings.backends), ops_line)
 

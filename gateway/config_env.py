@@ -46,10 +46,29 @@ def _is_structured(annotation: Any) -> bool:
         isinstance(target, type) and issubclass(target, BaseModel))
 
 
+def _model_choices(annotation: Any) -> list[type[BaseModel]]:
+    """The models of a union of several (a discriminated union such as `backends[].auth`)."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return []
+    found = []
+    for arg in typing.get_args(annotation):
+        if arg is type(None):
+            continue
+        found += _model_choices(arg) or ([arg] if isinstance(arg, type) and issubclass(arg, BaseModel) else [])
+    return found if len(found) > 1 else []
+
+
 def _unknown_part(model: type[BaseModel], parts: list[str]) -> str | None:
     """The first of `parts` that names nothing under `model`, else None."""
     annotation: Any = model
     for i, part in enumerate(parts):
+        choices = _model_choices(annotation)
+        if choices:
+            # A key of any of the union's models will do; validation picks the one.
+            unknown = [_unknown_part(choice, parts[i:]) for choice in choices]
+            return None if None in unknown else unknown[0]
         target = _unwrap(annotation)
         if isinstance(target, type) and issubclass(target, BaseModel):
             field = target.model_fields.get(part)
@@ -71,6 +90,20 @@ def _unknown_part_in(annotation: Any, parts: list[str]) -> str | None:
     if isinstance(target, type) and issubclass(target, BaseModel):
         return _unknown_part(target, parts)
     return parts[0] if parts else None
+
+
+def _annotation_at(model: type[BaseModel], keys: list[str]) -> Any:
+    """The annotation of the setting at `keys` below `model` (None when not a model field:
+    a free-form key of a mapping). A key of several union models: the first that has it."""
+    annotation: Any = model
+    for key in keys:
+        choices = _model_choices(annotation) or [_unwrap(annotation)]
+        fields = [c.model_fields[key] for c in choices
+                  if isinstance(c, type) and issubclass(c, BaseModel) and key in c.model_fields]
+        if not fields:
+            return None
+        annotation = fields[0].annotation
+    return annotation
 
 
 def check(environ: Mapping[str, str], settings_model: type[BaseModel]) -> list[tuple[str, str]]:
@@ -128,13 +161,13 @@ def apply_backend_overrides(data: dict[str, Any], environ: Mapping[str, str],
         entry = backends[index]
         if not isinstance(entry, dict):
             continue  # the file's own error (backends.i is not a mapping) is reported by validation
-        field = backend_model.model_fields.get(keys[0])
+        annotation = _annotation_at(backend_model, keys)
         value: Any = raw
-        if field is not None and _is_structured(field.annotation) and len(keys) == 1:
+        if annotation is not None and _is_structured(annotation):
             try:
                 value = json.loads(raw)
             except json.JSONDecodeError:
-                problems.append((name, f"backends.{index}.{keys[0]} must be JSON here (a list or an object)"))
+                problems.append((name, f"backends.{index}.{'.'.join(keys)} must be JSON here (a list or an object)"))
                 continue
         target = entry
         for key in keys[:-1]:

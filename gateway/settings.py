@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from gateway import config_env
+from gateway.secret import Secret
 
 ENV_PREFIX = "MCP_GATEWAY_"
 CONFIG_ENV = "MCP_GATEWAY_CONFIG"
@@ -47,6 +48,26 @@ class FieldError(ValueError):
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerTls(_Frozen):
+    """TLS on the MCP listener (docs/deploy.md "TLS"). The certificate is read again on
+    SIGHUP (`gateway/front_tls.py`): a renewed certificate needs no restart."""
+
+    cert_file: str
+    key_file: str
+    # Passphrase of an encrypted key_file.
+    key_password: Secret | None = None
+    # Require a client certificate issued by these CAs (mTLS). None: no client certificate asked.
+    client_ca_file: str | None = None
+
+    @model_validator(mode="after")
+    def _files(self) -> ServerTls:
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise FieldError(name, f"{path} is not a readable file")
+        return self
 
 
 class ServerSettings(_Frozen):
@@ -98,6 +119,8 @@ class ServerSettings(_Frozen):
     # On SIGTERM /readyz turns 503 at once and the listener keeps accepting this long, so that
     # load balancers stop sending first; then the graceful shutdown begins. SIGINT skips it.
     drain_delay_seconds: Annotated[float, Field(ge=0)] = 5.0
+    # -- TLS on the MCP listener (the ops listener stays plain HTTP for probes) --
+    tls: ServerTls | None = None
 
     @field_validator("readiness", mode="before")
     @classmethod
@@ -147,6 +170,176 @@ class ServerSettings(_Frozen):
             return False
 
 
+def _header_name(name: str) -> str:
+    name = name.strip().lower()
+    if not name or any(c in name for c in " :\r\n\t"):
+        raise ValueError(f"{name!r} is not an HTTP header name")
+    return name
+
+
+class HeadersAuth(_Frozen):
+    """Static headers, each a secret (an API key, a fixed bearer token)."""
+
+    type: Literal["headers"]
+    headers: Annotated[dict[str, Secret], Field(min_length=1)]
+
+    @field_validator("headers")
+    @classmethod
+    def _names(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        return {_header_name(name): value for name, value in v.items()}
+
+
+class _TokenEndpoint(_Frozen):
+    # The authorization server's token endpoint (RFC 6749 §3.2).
+    token_url: str
+    # RFC 8707 resource indicator(s) and audience of the token asked for; the scope asked for.
+    resource: str | None = None
+    audience: str | None = None
+    scope: str | None = None
+    # How the client authenticates at the token endpoint: HTTP Basic (RFC 6749 §2.3.1, the
+    # default every server supports) or the two form fields.
+    client_auth: Literal["basic", "post"] = "basic"
+    # PEM bundle trusted for an https token_url instead of the system's (a private CA).
+    ca_file: str | None = None
+    timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # A token is refreshed this long before its expires_in runs out (in the background while
+    # the old one still serves); a token without expires_in is kept this long at most.
+    refresh_before_seconds: Annotated[float, Field(ge=0)] = 60.0
+    default_lifetime_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: str | None) -> str | None:
+        if v is not None and not os.path.isfile(v):
+            raise ValueError(f"{v} is not a readable file")
+        return v
+
+    @field_validator("token_url")
+    @classmethod
+    def _token_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+
+class ClientCredentialsAuth(_TokenEndpoint):
+    """OAuth 2.0 client credentials (RFC 6749 §4.4): one token for the gateway itself."""
+
+    type: Literal["oauth_client_credentials"]
+    client_id: str
+    client_secret: Secret
+
+
+class ActorCredentials(_Frozen):
+    """The gateway's own client credentials, whose token is the RFC 8693 actor_token."""
+
+    token_url: str | None = None  # None: the exchange's token_url
+    client_id: str
+    client_secret: Secret
+    scope: str | None = None
+    audience: str | None = None
+    resource: str | None = None
+
+
+class TokenExchangeAuth(_TokenEndpoint):
+    """RFC 8693 token exchange: the caller's validated access token becomes a token for this
+    backend, per principal (needs auth.mode: jwt)."""
+
+    type: Literal["token_exchange"]
+    # The gateway's client at the token endpoint (most servers require one for exchange).
+    client_id: str | None = None
+    client_secret: Secret | None = None
+    requested_token_type: str = "urn:ietf:params:oauth:token-type:access_token"
+    actor: ActorCredentials | None = None
+    # Exchanged tokens kept per backend (one per principal), least recently used out.
+    max_cached_tokens: Annotated[int, Field(gt=0)] = 10_000
+
+    @model_validator(mode="after")
+    def _client(self) -> TokenExchangeAuth:
+        if (self.client_id is None) != (self.client_secret is None):
+            raise FieldError("client_secret", "client_id and client_secret go together")
+        return self
+
+
+_AUTH_TYPES = frozenset({"headers", "oauth_client_credentials", "token_exchange"})
+BackendAuth = Annotated[HeadersAuth | ClientCredentialsAuth | TokenExchangeAuth, Field(discriminator="type")]
+
+
+class BackendTls(_Frozen):
+    """TLS toward an https backend, built once into an ssl.SSLContext (backends/tls.py)."""
+
+    # PEM bundle of the CAs to trust instead of the system's (a private CA).
+    ca_file: str | None = None
+    # Client certificate and key (PEM) for a backend that requires mTLS.
+    cert_file: str | None = None
+    key_file: str | None = None
+    # The name checked in the backend's certificate and sent as SNI, when not the URL's host.
+    server_name: str | None = None
+    # No certificate check at all; refused unless `allow_insecure_skip_verify` is set too.
+    insecure_skip_verify: bool = False
+    allow_insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BackendTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise FieldError("key_file" if self.key_file is None else "cert_file",
+                             "cert_file and key_file go together (the client certificate and its key)")
+        if self.insecure_skip_verify and not self.allow_insecure_skip_verify:
+            raise FieldError("insecure_skip_verify",
+                             "turns off every certificate check (anyone on the path can read and change the "
+                             "traffic); refused unless allow_insecure_skip_verify: true is set too")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise FieldError(name, f"{path} is not a readable file")
+        return self
+
+
+# Request headers that `forward_headers` can never name, as source or target: credentials
+# (no token passthrough; spec: authorization §Token Passthrough), hop-by-hop headers (RFC 9110
+# §7.6.1), framing, and the headers the gateway itself sets or relays toward backends.
+NEVER_FORWARDED = frozenset({
+    "authorization", "proxy-authorization", "cookie", "set-cookie",
+    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+    "host", "content-length", "content-type", "content-encoding", "accept", "accept-encoding", "expect",
+    "mcp-protocol-version", "mcp-method", "mcp-name", "mcp-session-id", "last-event-id",
+    "traceparent", "tracestate", "baggage", "x-mcp-gateway-forwarded", "forwarded", "x-forwarded-for",
+})
+NEVER_FORWARDED_PREFIXES = ("mcp-param-", "x-mcp-gateway-")
+
+
+def _forwardable(name: str, role: str) -> str:
+    name = _header_name(name)
+    if name in NEVER_FORWARDED or name.startswith(NEVER_FORWARDED_PREFIXES):
+        why = ("a credential (the spec forbids token passthrough)" if name in (
+            "authorization", "proxy-authorization", "cookie", "set-cookie") else
+               "a hop-by-hop, framing or gateway-managed header")
+        raise ValueError(f"{name!r} can never be forwarded ({role}): it is {why}")
+    return name
+
+
+class ForwardedHeader(_Frozen):
+    """One client request header passed on to the backend, under `to` (default: its name)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    from_: Annotated[str, Field(alias="from")]
+    to: str | None = None
+
+    @field_validator("from_")
+    @classmethod
+    def _from(cls, v: str) -> str:
+        return _forwardable(v, "from")
+
+    @field_validator("to")
+    @classmethod
+    def _to(cls, v: str | None) -> str | None:
+        return None if v is None else _forwardable(v, "to")
+
+    @property
+    def target(self) -> str:
+        return self.to or self.from_
 class CanarySettings(_Frozen):
     """A `tools/call` the active health check makes (backends[].health.canary): it passes when
     the call succeeds and, if `expect` is set, the text of its result contains it."""
@@ -219,9 +412,20 @@ class BackendSettings(_Frozen):
     # URI prefixes (or "scheme:") routed to this backend for resources/read, in addition to
     # the URIs it lists.
     resource_prefixes: tuple[str, ...] = ()
-    # Static headers sent upstream (a backend API key, say). The client's own credentials are
-    # never forwarded (spec: no token passthrough).
-    headers: dict[str, str] = Field(default_factory=dict)
+    # Static headers sent upstream, each a secret (an API key, say): the compatible form of
+    # `auth: {type: headers}`, sent with whatever `auth` adds. The client's own credentials
+    # are never forwarded (spec: no token passthrough).
+    headers: dict[str, Secret] = Field(default_factory=dict)
+    # -- who the gateway is toward this backend (docs/auth.md "Credentials for backends") --
+    auth: BackendAuth | None = None
+    # TLS toward an https backend: private CA, client certificate (mTLS), SNI override.
+    tls: BackendTls | None = None
+    # Client request headers passed on by choice (an allowlist; a tenant id, say). Credentials,
+    # hop-by-hop and the gateway's own headers are refused here (NEVER_FORWARDED).
+    forward_headers: tuple[ForwardedHeader, ...] = ()
+    # A header naming the principal to the backend, signed with an HMAC of security.secret
+    # (format: docs/auth.md "Identity header"). None: not sent.
+    identity_header: str | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Deadline for this backend's share of an aggregated list; a late backend is left out.
@@ -312,8 +516,36 @@ class BackendSettings(_Frozen):
             raise ValueError("must be a non-empty list: [program, arg, ...]")
         return v
 
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        return {_header_name(name): value for name, value in v.items()}
+
+    @field_validator("identity_header")
+    @classmethod
+    def _identity_header(cls, v: str | None) -> str | None:
+        return None if v is None else _forwardable(v, "identity_header")
+
     @model_validator(mode="after")
     def _one_transport(self) -> BackendSettings:
+        if isinstance(self.auth, HeadersAuth):
+            both = sorted(set(self.headers) & set(self.auth.headers))
+            if both:
+                raise FieldError("auth.headers", f"{', '.join(both)} also set in backends[].headers: set each "
+                                                 "header in one place")
+        if self.auth is not None and self.auth.type != "headers" and "authorization" in self.headers:
+            raise FieldError("headers", f"authorization is set by auth ({self.auth.type}): remove it from headers")
+        targets = [f.target for f in self.forward_headers] + ([self.identity_header] if self.identity_header else [])
+        taken = sorted({t for t in targets if targets.count(t) > 1} | (set(targets) & set(self.headers)))
+        if taken:
+            raise FieldError("forward_headers", f"{', '.join(taken)}: each upstream header comes from one place "
+                                                "(headers, forward_headers or identity_header)")
+        if (self.forward_headers or self.identity_header) and self.url is None:
+            raise FieldError("forward_headers" if self.forward_headers else "identity_header",
+                             "applies to 'url' backends only")
+        if (self.tls is not None or self.auth is not None) and self.url is None:
+            raise FieldError("tls" if self.tls is not None else "auth",
+                             "applies to 'url' backends only (a 'command' backend gets `env`)")
         if (self.url is None) == (self.command is None):
             raise FieldError("url", "set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
         if self.transport != "auto" and self.url is None:
@@ -350,20 +582,6 @@ class CacheRule(_Frozen):
 # -- Redis ---------------------------------------------------------------------------------
 
 
-class SecretSource(_Frozen):
-    """Where a secret comes from instead of the config file: `{env: VAR}` or `{file: path}`.
-    A small local form until the project has its own secret type (issue 20)."""
-
-    env: str | None = None
-    file: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> SecretSource:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("set exactly one of 'env' (a variable name) or 'file' (a path)")
-        return self
-
-
 class RedisSettings(_Frozen):
     """One Redis deployment, in any shape (docs/scale.md): a URL, or explicit `sentinels` +
     `service_name`, or `cluster: true` + seed `nodes`. The rules live in
@@ -382,10 +600,11 @@ class RedisSettings(_Frozen):
     nodes: tuple[str, ...] = ()  # Cluster seed nodes (host:port); the rest are discovered
     db: Annotated[int, Field(ge=0)] | None = None
     username: str | None = None
-    password: SecretStr | SecretSource | None = None
+    # A secret (gateway/secret.py): a value, {env: VAR} or {file: path}.
+    password: Secret | None = None
     # Sentinel's own credentials, when the Sentinels require them (often not the data nodes').
     sentinel_username: str | None = None
-    sentinel_password: SecretStr | SecretSource | None = None
+    sentinel_password: Secret | None = None
     # TLS: on with rediss:// (or tls: true); ca_file verifies the server, cert/key for mTLS.
     tls: bool | None = None
     ca_file: str | None = None
@@ -474,7 +693,7 @@ class AuthSettings(_Frozen):
     jwks_url: str | None = None
     public_key: str | None = None
     public_key_file: str | None = None
-    hs256_secret: SecretStr | None = None
+    hs256_secret: Secret | None = None
     # Accepted `alg` values. Default: RS256 and ES256 with jwks_url, the key's own algorithm
     # with a public key, HS256 with hs256_secret. Never "none".
     algorithms: tuple[str, ...] | None = None
@@ -508,7 +727,7 @@ class AuthSettings(_Frozen):
 class SecuritySettings(_Frozen):
     # Key for the HMAC that seals gateway-minted MRTR `requestState` (docs/legacy.md). Unset:
     # a random per-process key, which only works with a single replica.
-    secret: str | None = None
+    secret: Secret | None = None
     # This replica's own MCP endpoint as the other replicas reach it; an MRTR retry that lands
     # on another replica is forwarded here. Default: http://<server.host>:<server.port><path>.
     advertise_url: str | None = None
@@ -645,6 +864,12 @@ class GatewaySettings(BaseSettings):
         if dupes:
             at = next(i for i, n in enumerate(names) if n in dupes and names.index(n) != i)
             raise FieldError(f"backends.{at}.name", f"backend names must be unique; repeated: {', '.join(dupes)}")
+        for i, backend in enumerate(self.backends):
+            if backend.identity_header and self.security.secret is None:
+                raise FieldError(f"backends.{i}.identity_header", "is signed with security.secret, which is not set")
+            if isinstance(backend.auth, TokenExchangeAuth) and self.auth.mode != "jwt":
+                raise FieldError(f"backends.{i}.auth.type", "token_exchange exchanges the caller's validated access "
+                                                            "token: it needs auth.mode: jwt")
         for i, rule in enumerate(self.cache.rules):
             if rule.backend is not None and rule.backend not in names:
                 raise FieldError(f"cache.rules.{i}.backend", f"no backend is named {rule.backend!r}")
@@ -729,6 +954,9 @@ def _located(err: Any) -> tuple[str, str]:
     """(field path, message) of one validation error; a FieldError names its own field below
     the model that raised it."""
     loc = [str(p) for p in err["loc"]]
+    # A discriminated union (backends[].auth) puts the chosen `type` in the path: not a key
+    # the operator wrote.
+    loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "auth" and p in _AUTH_TYPES)]
     msg = err["msg"]
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, FieldError):

@@ -27,7 +27,7 @@ Era = Literal["modern", "legacy"]
 Factory = Callable[[BackendSettings, ReplicaContext | None, StdioProcess | None], Backend]
 
 BACKENDS: dict[tuple[Transport, Era], Factory] = {
-    ("streamable-http", "modern"): lambda settings, replica, process: ModernHttpBackend(settings),
+    ("streamable-http", "modern"): lambda settings, replica, process: ModernHttpBackend(settings, replica),
     ("stdio", "modern"): lambda settings, replica, process: ModernStdioBackend(settings, process=process),
     **LEGACY_BACKENDS,  # the legacy era (2 of 2)
 }

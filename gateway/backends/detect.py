@@ -28,6 +28,8 @@ import orjson
 from gateway.backends.errors import ConnectTimeout, UpstreamError, describe
 from gateway.backends.base import Backend, Message, Reply, internal_call
 from gateway.backends.stdio_process import stdio_process
+from gateway.backends import http1, tls
+from gateway.backends.credentials import credentials_for
 from gateway.backends.http1 import Http1Client, UpstreamResponse
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -64,18 +66,26 @@ def verdict(message: Any) -> Era:
 
 async def probe_http(settings: BackendSettings) -> Kind:
     """Probe an HTTP backend; raises -31001 naming it when no connection could be made."""
-    client = Http1Client(settings.name, max_connections=1, connect_timeout=settings.connect_timeout_seconds)
+    client = http1.for_backend(settings, tls.client_context(settings.tls), max_connections=1)
+    # The gateway's own credentials (a token, for the token kinds: one fetch at start-up).
+    credentials = credentials_for(settings)
     try:
-        return await _probe(client, settings)
+        call = internal_call("server/discover")
+        extra = credentials.static
+        authorization = await credentials.authorization(call.principal)
+        if authorization is not None:
+            extra = {**extra, "authorization": authorization}
+        return await _probe(client, settings, extra)
     finally:
         await client.aclose()
+        await credentials.aclose()
 
 
-async def _probe(client: Http1Client, settings: BackendSettings) -> Kind:
+async def _probe(client: Http1Client, settings: BackendSettings, credentials: dict[str, str]) -> Kind:
     assert settings.url is not None
     call = internal_call("server/discover")
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-               h.PROTOCOL_VERSION: call.version, h.METHOD: call.method, **settings.headers}
+               h.PROTOCOL_VERSION: call.version, h.METHOD: call.method, **credentials}
     wait = settings.connect_timeout_seconds
     try:
         response = await client.request_raw("POST", settings.url, headers, body=call.wire_body(), read_timeout=wait)
@@ -100,7 +110,7 @@ async def _probe(client: Http1Client, settings: BackendSettings) -> Kind:
         response.close()
     # A 404/405 without a JSON-RPC answer. 2025-03-26 transports §Backwards Compatibility: it
     # may be an HTTP+SSE server, which a GET on the same URL tells (first event `endpoint`).
-    if await opens_sse_session(client, settings.url, dict(settings.headers), wait):
+    if await opens_sse_session(client, settings.url, credentials, wait):
         return "legacy-sse"
     return "legacy"
 

@@ -433,7 +433,8 @@ class Http1Client:
 
     def __init__(self, backend: str, *, max_connections: int, connect_timeout: float,
                  keepalive_expiry: float = KEEPALIVE_EXPIRY_SECONDS,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 ssl_context: ssl.SSLContext | None = None, server_name: str | None = None) -> None:
         self.backend = backend
         self.max_response_bytes = max_response_bytes  # a whole body, or one SSE event
         self._keepalive_expiry = keepalive_expiry
@@ -444,7 +445,10 @@ class Http1Client:
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         # Per URL: (origin key, request-line prefix, Host header) computed once.
         self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        # https: the backend's context (backends/tls.py), else the system default, made once.
+        self._ssl: ssl.SSLContext | None = ssl_context
+        # The name checked in the certificate and sent as SNI, when not the URL's host.
+        self._server_name = server_name
         self._closed = False
 
     def _target(self, method: str, url: str) -> tuple[tuple[str, str, int], bytes]:
@@ -551,7 +555,7 @@ class Http1Client:
             async with asyncio.timeout(self._connect_timeout):
                 _, connection = await loop.create_connection(
                     lambda: _Connection(loop), host, port, ssl=ssl_context,
-                    server_hostname=host if ssl_context is not None else None)
+                    server_hostname=(self._server_name or host) if ssl_context is not None else None)
         except TimeoutError:
             raise ConnectTimeout(self._connect_timeout) from None
         except (OSError, ssl.SSLError) as exc:
@@ -581,3 +585,13 @@ def _serialize(head: bytes, headers: Mapping[str, str], body: bytes | None) -> b
         return head + "".join(lines).encode("latin-1")
     lines.append(f"content-length: {len(body)}\r\n\r\n")
     return head + "".join(lines).encode("latin-1") + body
+
+
+def for_backend(settings: BackendSettings, ssl_context: ssl.SSLContext | None, *,
+                max_connections: int | None = None) -> Http1Client:
+    """A client for one configured backend: its limits, and its TLS (`ssl_context`, built
+    once per backend by backends/tls.py, shared by all of the backend's clients)."""
+    return Http1Client(settings.name, max_connections=max_connections or settings.max_connections,
+                       connect_timeout=settings.connect_timeout_seconds,
+                       max_response_bytes=settings.max_response_bytes, ssl_context=ssl_context,
+                       server_name=settings.tls.server_name if settings.tls is not None else None)

@@ -8,6 +8,7 @@ each JSON-RPC message as it arrives and closes the upstream response when the co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,11 @@ from gateway.backends.base import Backend, Message, Reply, internal_call
 from gateway.backends.endpoints import choose
 from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, never_sent, upstream_errors
 from gateway.backends.health import EndpointHealth
-from gateway.backends.http1 import Http1Client, UpstreamResponse
+from gateway.backends import http1, tls
+from gateway.backends.credentials import credentials_for
+from gateway.backends.http1 import UpstreamResponse
+from gateway.backends.identity import IdentitySigner
+from gateway.backends.replica import ReplicaContext
 from gateway.observability import tracing
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -52,21 +57,29 @@ class _Done:
 
 
 class ModernHttpBackend(Backend):
-    def __init__(self, settings: BackendSettings) -> None:
+    def __init__(self, settings: BackendSettings, replica: ReplicaContext | None = None) -> None:
         super().__init__(settings)
         assert settings.url is not None
         self.url = settings.url
-        self._client = Http1Client(settings.name, max_connections=settings.max_connections,
-                                   connect_timeout=settings.connect_timeout_seconds,
-                                   max_response_bytes=settings.max_response_bytes)
-        # Built once; each call copies it and adds its own headers.
-        self._base_headers = {"content-type": "application/json", "accept": _ACCEPT, **settings.headers}
+        self._client = http1.for_backend(settings, tls.client_context(settings.tls))
+        self.credentials = credentials_for(settings)
+        self._dynamic_credentials = self.credentials.dynamic
+        # Built once; each call copies it and adds its own headers. Static credentials are
+        # part of it, so they cost nothing per call.
+        self._base_headers = {"content-type": "application/json", "accept": _ACCEPT, **self.credentials.static}
+        # Client headers passed on by choice: (from, to) pairs (settings refuse credentials).
+        self._forwarded = tuple((f.from_, f.target) for f in settings.forward_headers)
+        self._identity: tuple[str, IdentitySigner] | None = None
+        if settings.identity_header is not None:
+            secret = (replica or ReplicaContext.alone()).secret
+            self._identity = (settings.identity_header, IdentitySigner(secret))
         self.urls = settings.endpoint_urls
         if len(self.urls) > 1:
             self.send = self._send_spread  # type: ignore[method-assign]
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self.credentials.aclose()
 
     def _headers(self, call: Call) -> dict[str, str]:
         headers = self._base_headers.copy()
@@ -78,16 +91,42 @@ class ModernHttpBackend(Backend):
         for key, value in call.headers.items():
             if key.startswith(h.PARAM_PREFIX) or key in _RELAYED:
                 headers[key] = value
+        if self._forwarded:
+            for source, target in self._forwarded:
+                value = call.headers.get(source)
+                if value is not None:
+                    headers[target] = value
+        if self._identity is not None:
+            name, signer = self._identity
+            headers[name] = signer.value(call.principal)
         tracing.add_outgoing_headers(headers)  # the gateway's CLIENT span, X-Request-Id
         return headers
 
-    async def send(self, call: Call, url: str | None = None) -> Reply:
+    async def send(self, call: Call, url: str | None = None, *, fresh_token: bool = False) -> Reply:
         """One POST (to `url`, or the backend's one URL); retries are the caller's
-        (backends/retry.py), the same for every kind."""
+        (backends/retry.py), the same for every kind, except one: a 401 to a token the gateway
+        obtained is asked again once with a fresh token (docs/auth.md)."""
         # A listen stream is quiet for as long as nothing changes: no read deadline.
         read_timeout = None if call.stream_only else self.settings.timeout_seconds
-        response = await self._client.post(url or self.url, call.wire_body(), self._headers(call),
+        headers = self._headers(call)
+        authorization = None
+        if self._dynamic_credentials:
+            credentials = self.credentials
+            authorization = credentials.cached(call.principal) or await credentials.authorization(
+                call.principal, call.id)
+            if authorization is not None:
+                headers["authorization"] = authorization
+        response = await self._client.post(url or self.url, call.wire_body(), headers,
                                            read_timeout=read_timeout, request_id=call.id)
+        if response.status == 401 and authorization is not None and not fresh_token:
+            # The token was revoked or expired early: once more with a fresh one, then the
+            # backend's answer stands (a second 401 is the gateway's credentials refused).
+            with contextlib.suppress(*UPSTREAM_FAILURES):
+                await response.read()
+            response.release()
+            self.credentials.refused(call.principal, authorization)
+            log.info("backend %s answered 401: fetching a fresh token and retrying once", self.name)
+            return await ModernHttpBackend.send(self, call, url, fresh_token=True)
         if response.content_type == "text/event-stream" and response.status < 400:
             reply = Reply(self.name, response.status, stream=self._events(response, call))
             reply.closers.append(response.close)

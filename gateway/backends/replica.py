@@ -36,7 +36,7 @@ class ReplicaContext:
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> ReplicaContext:
         secret = settings.security.secret
-        return cls(secret=secret.encode() if secret else _PROCESS_SECRET, owner=owner_url(settings),
+        return cls(secret=secret.get_secret_value().encode() if secret else _PROCESS_SECRET, owner=owner_url(settings),
                    problems=tuple(replica_problems(settings)))
 
     @classmethod
@@ -90,4 +90,5 @@ def owner_url(settings: GatewaySettings) -> str:
     if server.host in _WILDCARD_HOSTS:
         return f"{UNADVERTISED}{_PROCESS_IDENTITY}"
     host = f"[{server.host}]" if ":" in server.host and not server.host.startswith("[") else server.host
-    return f"http://{host}:{server.port}{server.path}"
+    scheme = "https" if server.tls is not None else "http"
+    return f"{scheme}://{host}:{server.port}{server.path}"

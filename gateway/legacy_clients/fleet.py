@@ -291,7 +291,7 @@ def fleet_from_settings(settings: GatewaySettings, owner_url: str) -> Callable[[
     def build(store: SessionStore) -> FleetSessions:
         shared = SharedSessions(plan, prefix=settings.subscriptions.redis_key_prefix,
                                 idle_seconds=server.legacy_session_idle_seconds, replica_id=replica_id)
-        return FleetSessions(store, Sealer(secret.encode()), shared, owner_url=owner_url,
+        return FleetSessions(store, Sealer(secret.get_secret_value().encode()), shared, owner_url=owner_url,
                              max_per_principal=share, max_total=server.legacy_max_sessions)
 
     return build

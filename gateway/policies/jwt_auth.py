@@ -45,7 +45,7 @@ from gateway.policies.jwt_config import (
 )
 from gateway.policies.jwt_keys import JwksKeys, KeySetUnreachable, KeySource, KeyUnavailable, StaticKey
 from gateway.protocol import jsonrpc as rpc
-from gateway.protocol.principal import Principal
+from gateway.protocol.principal import AccessToken, Principal
 from gateway.protocol.versions import is_modern
 
 if TYPE_CHECKING:
@@ -255,8 +255,10 @@ class JwtAuth(HeadPolicy):
         missing = [s for s in needed if s not in granted]
         if missing:
             raise AuthFailure(403, "insufficient_scope", f"the token lacks scope {' '.join(missing)}")
+        expires = claims.get("exp")
         return Principal(subject=subject, issuer=claims["iss"], authenticated=True, scopes=granted,
-                         claims={name: claims[name] for name in self.claim_names if name in claims})
+                         claims={name: claims[name] for name in self.claim_names if name in claims},
+                         access_token=AccessToken(token, float(expires) if isinstance(expires, (int, float)) else None))
 
     def _refusal(self, failure: AuthFailure, needed: tuple[str, ...]) -> rpc.McpError:
         # The scope parameter names everything this operation needs, in one challenge (spec:

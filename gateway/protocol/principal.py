@@ -17,6 +17,9 @@ derives the caller again. Two keys, because two kinds of consumer need different
   authentication"). With None a private answer is neither stored nor handed to a coalesced
   caller, as an HTTP shared cache never stores `Cache-Control: private` (RFC 9111 §5.2.2.7).
 
+`access_token` is the validated token (mode jwt), reachable for one consumer: the RFC 8693
+token exchange toward a backend. It never prints and is in no key (see `AccessToken`).
+
 `claims` holds the token claims the configuration names (empty until a policy asks for some;
 the governance rules of issue 19 read them), frozen like the rest.
 """
@@ -32,6 +35,32 @@ from typing import Any
 NO_CLAIMS: Mapping[str, Any] = MappingProxyType({})
 
 
+class AccessToken:
+    """The caller's validated access token, kept for one use only: the `subject_token` of an
+    RFC 8693 exchange (backends/credentials.py). It never prints (repr, str, f-strings), is
+    no part of a Principal's equality, hash or keys, and so never reaches a log, a cache key
+    or Redis; `reveal()` is the one way to the text, called where the exchange request is
+    built."""
+
+    __slots__ = ("_value", "expires_at")
+
+    def __init__(self, value: str, expires_at: float | None = None) -> None:
+        self._value = value
+        # The token's `exp` (seconds since the epoch): an exchanged token never outlives it.
+        self.expires_at = expires_at
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "AccessToken('**********')"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError("an access token is not serializable")
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     # `sub` of a verified token; for an unauthenticated caller, a label ("anonymous",
@@ -45,6 +74,8 @@ class Principal:
     scopes: frozenset[str] = frozenset()
     # The claims the configuration names, read-only; not part of the hash (a mapping has none).
     claims: Mapping[str, Any] = field(default_factory=lambda: NO_CLAIMS, hash=False)
+    # The validated token itself (mode jwt), for token exchange toward backends only.
+    access_token: AccessToken | None = field(default=None, compare=False, hash=False, repr=False)
     # Derived once: read on every request that binds or caches.
     key: str = field(init=False, compare=False, hash=False, repr=False)
     cache_key: str | None = field(init=False, compare=False, hash=False, repr=False)

@@ -97,9 +97,12 @@ async def serve(app: Any) -> AsyncIterator[ServedApp]:
 
 
 class ServedApp:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **uvicorn_options: Any) -> None:
+        """`uvicorn_options`: extra uvicorn.Config arguments (ssl_certfile, ssl_keyfile,
+        ssl_ca_certs, ssl_cert_reqs for a TLS or mTLS server)."""
         self.app = app
         self.port = 0
+        self.options = uvicorn_options
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -109,7 +112,7 @@ class ServedApp:
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         self._sock = sock
-        self._server = uvicorn.Server(uvicorn.Config(self.app, lifespan="off", log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(self.app, lifespan="off", log_level="warning", **self.options))
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._task.done():
@@ -126,7 +129,8 @@ class ServedApp:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.options.get("ssl_certfile") else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
 
 class JwksEndpoint:
@@ -232,3 +236,97 @@ async def _reply(send: Any, status: int, payload: Any) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+class AuthorizationServer:
+    """A real OAuth token endpoint (Starlette, tokens signed with pyjwt): the client-credentials
+    grant (RFC 6749 §4.4) and the token-exchange grant (RFC 8693), for the gateway's backend
+    credentials. It checks the client (HTTP Basic or form fields), verifies a subject token
+    against `subject_issuer`'s keys, mints JWTs whose `sub` is the client id (client
+    credentials) or the subject's `sub` (exchange, with `act` from an actor token), and counts
+    every request in `requests` as (grant_type, form).
+
+    `refuse`: answer every grant with 400 and this OAuth error ("invalid_grant", ...);
+    `expires_in`: the lifetime it grants; `delay_seconds`: hold each answer this long (so
+    concurrent callers overlap a fetch in flight)."""
+
+    def __init__(self, clients: dict[str, str], *, subject_issuer: Issuer | None = None,
+                 expires_in: int = 3600, key: SigningKey | None = None) -> None:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        self.clients = clients
+        self.subject_issuer = subject_issuer
+        self.expires_in = expires_in
+        self.key = key or rsa_key("as-key")
+        self.refuse: str | None = None
+        self.delay_seconds = 0.0
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.app = Starlette(routes=[Route("/token", self._token, methods=["POST"])])
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+    def grants(self, grant_type: str) -> list[dict[str, str]]:
+        return [form for grant, form in self.requests if grant == grant_type]
+
+    def decode(self, token: str) -> dict[str, Any]:
+        return jwt.decode(token, self.key.private.public_key(), algorithms=[self.key.alg],
+                          options={"verify_aud": False})
+
+    def _client(self, request: Any, form: dict[str, str]) -> str | None:
+        import base64
+        from urllib.parse import unquote
+
+        header = request.headers.get("authorization", "")
+        if header.startswith("Basic "):
+            client_id, _, secret = base64.b64decode(header[6:]).decode().partition(":")
+            client_id, secret = unquote(client_id), unquote(secret)
+        else:
+            client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
+        return client_id if client_id in self.clients and self.clients[client_id] == secret else None
+
+    def _mint(self, sub: str, form: dict[str, str], **claims: Any) -> str:
+        now = int(time.time())
+        payload = {"iss": "https://as.test", "sub": sub, "iat": now, "exp": now + self.expires_in,
+                   "aud": form.get("audience") or form.get("resource"), "scope": form.get("scope"),
+                   "jti": uuid.uuid4().hex, **claims}
+        return jwt.encode({k: v for k, v in payload.items() if v is not None}, self.key.private,
+                          algorithm=self.key.alg, headers={"kid": self.key.kid})
+
+    async def _token(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        from urllib.parse import parse_qsl
+
+        # RFC 6749 §4.4.2 / RFC 8693 §2.1: application/x-www-form-urlencoded.
+        form = dict(parse_qsl((await request.body()).decode(), keep_blank_values=True))
+        grant = form.get("grant_type", "")
+        self.requests.append((grant, form))
+        if self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
+        client = self._client(request, form)
+        if client is None:
+            return JSONResponse({"error": "invalid_client", "error_description": "unknown client or wrong secret"},
+                                status_code=401)
+        if self.refuse:
+            return JSONResponse({"error": self.refuse, "error_description": "policy forbids this exchange"},
+                                status_code=400)
+        if grant == "client_credentials":
+            token = self._mint(client, form, client_id=client)
+        elif grant == "urn:ietf:params:oauth:grant-type:token-exchange":
+            assert self.subject_issuer is not None
+            try:
+                subject = jwt.decode(form.get("subject_token", ""), self.subject_issuer.keys[0].private.public_key(),
+                                     algorithms=[self.subject_issuer.keys[0].alg], audience=self.subject_issuer.audience)
+            except jwt.InvalidTokenError as exc:
+                return JSONResponse({"error": "invalid_grant", "error_description": f"subject_token: {exc}"},
+                                    status_code=400)
+            claims: dict[str, Any] = {"client_id": client}
+            if form.get("actor_token"):
+                claims["act"] = {"sub": self.decode(form["actor_token"])["sub"]}
+            token = self._mint(subject["sub"], form, **claims)
+        else:
+            return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
+        return JSONResponse({"access_token": token, "token_type": "Bearer", "expires_in": self.expires_in,
+                             "issued_token_type": "urn:ietf:params:oauth:token-type:access_token"})

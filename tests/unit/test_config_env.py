@@ -55,8 +55,8 @@ def test_a_per_key_backend_override_changes_that_backend_only(tmp_path, monkeypa
     settings = load_settings(config)
     assert [b.name for b in settings.backends] == ["a", "b"]  # the file's list stands
     assert settings.backends[1].timeout_seconds == 5.0 and settings.backends[0].timeout_seconds == 60.0
-    assert settings.backends[1].headers == {"x-api-key": "k"}
-    assert settings.backends[0].headers == {"x-tenant": "t1"}
+    assert {k: v.get_secret_value() for k, v in settings.backends[1].headers.items()} == {"x-api-key": "k"}
+    assert {k: v.get_secret_value() for k, v in settings.backends[0].headers.items()} == {"x-tenant": "t1"}
 
 
 def test_a_per_key_override_of_a_backend_the_file_lacks_says_which_form_to_use(tmp_path, monkeypatch):

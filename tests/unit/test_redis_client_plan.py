@@ -65,8 +65,8 @@ def test_every_shape_from_a_url_or_explicit_fields(fields, shape, hosts, extra):
     ({"url": "redis://x", "sentinel_password": "p"}, "Sentinel only"),
     ({"url": "redis://u:p@x", "password": "q"}, "both in the url and as a field"),
     ({"password": {"env": "I22A_SURELY_UNSET"}}, "environment variable I22A_SURELY_UNSET is not set"),
-    ({"password": {"file": "/nonexistent/pw"}}, "cannot read /nonexistent/pw"),
-    ({"password": {"env": "A", "file": "/b"}}, "exactly one of"),
+    ({"password": {"file": "/nonexistent/pw"}}, "cannot read secret file /nonexistent/pw"),
+    ({"password": {"env": "A", "file": "/b"}}, "must be a string, {env: VARIABLE} or {file: /path}"),
 ])
 def test_what_cannot_work_is_refused_with_the_reason(fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):

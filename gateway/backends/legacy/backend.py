@@ -16,10 +16,11 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gateway.backends.base import Backend, Message, Reply
+from gateway.backends.credentials import credentials_for
 from gateway.backends.legacy import mrtr, translate
 from gateway.backends.legacy.listen import LegacyListens
 from gateway.backends.legacy.pool import SessionPool
@@ -28,6 +29,7 @@ from gateway.backends.legacy.session import LegacySession
 from gateway.observability.tracing import traced
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
+from gateway.protocol.principal import Principal
 from gateway.protocol.request import Call
 from gateway.backends.replica import ReplicaContext
 from gateway.settings import BackendSettings
@@ -48,6 +50,8 @@ class LegacyBackend(Backend):
         super().__init__(settings)
         self.replica = replica if replica is not None else ReplicaContext.alone()
         # A call waits for a free session about as long as it would wait to connect.
+        # Who the gateway is toward the backend; sessions read their owner's headers live.
+        self.credentials = credentials_for(settings)
         self.pool = SessionPool(self.name, self._configured_session, size=settings.session_pool_size,
                                 idle_seconds=settings.session_idle_seconds,
                                 wait_seconds=settings.connect_timeout_seconds)
@@ -61,15 +65,23 @@ class LegacyBackend(Backend):
     # -- transport hooks ----------------------------------------------------------------
 
     @abc.abstractmethod
-    def _new_session(self, capabilities: dict[str, Any]) -> LegacySession:
-        """A fresh, not yet initialized session declaring these client capabilities."""
+    def _new_session(self, capabilities: dict[str, Any], headers: Mapping[str, str]) -> LegacySession:
+        """A fresh, not yet initialized session declaring these client capabilities and
+        sending these credential headers (HTTP; read at each request)."""
+
+    async def authorize(self, principal: Principal, request_id: Any = None) -> str:
+        """The owner whose sessions serve `principal`, its token fetched when due."""
+        if self.credentials.dynamic:
+            await self.credentials.authorization(principal, request_id)
+        return self.credentials.owner(principal)
 
     def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]:
         return translate.session_capabilities(client_capabilities)
 
-    def _configured_session(self, capabilities: dict[str, Any]) -> LegacySession:
-        """`_new_session`, told what answers a `roots/list` asked outside any client request."""
-        session = self._new_session(capabilities)
+    def _configured_session(self, capabilities: dict[str, Any], owner: str) -> LegacySession:
+        """`_new_session` carrying `owner`'s credential headers, told what answers a
+        `roots/list` asked outside any client request."""
+        session = self._new_session(capabilities, self.credentials.session_headers(owner))
         session.standalone_roots = tuple(root.model_dump(exclude_none=True) for root in self.settings.roots)
         return session
 
@@ -82,6 +94,10 @@ class LegacyBackend(Backend):
 
     async def start(self) -> None:
         self.replica.report_problems()
+        if self.settings.forward_headers or self.settings.identity_header:
+            # A legacy session serves many clients at once: per-client headers have no place.
+            log.warning("backend %s is initialize-era: forward_headers and identity_header apply to modern "
+                        "backends only and are not sent", self.name)
         self.pool.start()
 
     async def aclose(self) -> None:
@@ -89,6 +105,7 @@ class LegacyBackend(Backend):
         await self.listens.aclose()
         await self.pool.aclose()
         await self.forwarder.aclose()
+        await self.credentials.aclose()
 
     # -- the one working method ---------------------------------------------------------
 
@@ -97,7 +114,7 @@ class LegacyBackend(Backend):
             return Reply(self.name, status=202)
         method = call.method
         if method == "server/discover":
-            session = await self.pool.get(self.session_capabilities({}))
+            session = await self.pool.get(self.session_capabilities({}), await self.authorize(call.principal, call.id))
             result = translate.discover_result(session.initialize_result or {}, ttl_ms=self.settings.default_ttl_ms,
                                                cache_scope=self.settings.default_cache_scope)
             return Reply(self.name, message=rpc.result_message(call.id, result))  # type: ignore[arg-type]
@@ -114,12 +131,13 @@ class LegacyBackend(Backend):
         mrtr_capable = call.spec is not None and call.spec.mrtr
         capabilities = self.session_capabilities(call.client_capabilities if mrtr_capable else {})
         wants_logs = call.log_level is not None
+        owner = await self.authorize(call.principal, call.id)
         if wants_logs:
-            await self._ensure_log_level(await self.pool.get(capabilities))
+            await self._ensure_log_level(await self.pool.get(capabilities, owner))
         try:
             session, exchange = await self.pool.request(
                 capabilities, method, translate.legacy_params(call.params),
-                progress=meta.PROGRESS_TOKEN in call.meta, wants_logs=wants_logs)
+                progress=meta.PROGRESS_TOKEN in call.meta, wants_logs=wants_logs, owner=owner)
         except rpc.McpError as exc:
             self.last_error = exc.message
             raise exc.with_id(call.id)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-from gateway.backends.http1 import Http1Client
+from gateway.backends import http1, tls
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
@@ -25,21 +26,18 @@ class LegacyHttpBackend(LegacyBackend):
         self.url = settings.url
         # POSTs and DELETE over the client of modern backends; the GET stream, which lives as
         # long as the session, over a pool of its own so that it never holds a POST's slot.
-        self._posts = Http1Client(settings.name, max_connections=settings.max_connections,
-                                  connect_timeout=settings.connect_timeout_seconds,
-                                  max_response_bytes=settings.max_response_bytes)
-        self._client = Http1Client(settings.name, max_connections=settings.max_connections,
-                                      connect_timeout=settings.connect_timeout_seconds,
-                                      max_response_bytes=settings.max_response_bytes)
+        context = tls.client_context(settings.tls)
+        self._posts = http1.for_backend(settings, context)
+        self._client = http1.for_backend(settings, context)
 
     async def aclose(self) -> None:
         await super().aclose()
         await self._client.aclose()
         await self._posts.aclose()
 
-    def _new_session(self, capabilities: dict[str, Any]) -> HttpSession:
+    def _new_session(self, capabilities: dict[str, Any], headers: Mapping[str, str]) -> HttpSession:
         return HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, posts=self._posts, url=self.url,
-                           headers=dict(self.settings.headers), timeout=self.settings.timeout_seconds,
+                           headers=headers, timeout=self.settings.timeout_seconds,
                            connect_timeout=self.settings.connect_timeout_seconds)
 
     async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:

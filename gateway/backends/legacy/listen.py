@@ -27,6 +27,7 @@ from gateway.backends.legacy.pool import SessionPool
 from gateway.backends.legacy.session import LegacySession
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
+from gateway.protocol.principal import ANONYMOUS, Principal
 from gateway.protocol.request import Call
 from gateway.settings import BackendSettings
 
@@ -52,6 +53,8 @@ class ListenHost(Protocol):
     def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]: ...
 
     async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]: ...
+
+    async def authorize(self, principal: Principal, request_id: Any = None) -> str: ...
 
 
 class _Listener:
@@ -163,7 +166,9 @@ class LegacyListens:
                 await self._stop_channel()
 
     async def _listen_session(self) -> LegacySession:
-        session = await self.backend.pool.get(self.backend.session_capabilities({}))
+        # The hub's listen acts for nobody: the gateway's own credential.
+        session = await self.backend.pool.get(self.backend.session_capabilities({}),
+                                              await self.backend.authorize(ANONYMOUS))
         if session is not self._session or not self._has_channel or (
                 self._channel is not None and self._channel.done()):
             await self._stop_channel()

@@ -4,8 +4,10 @@ One session per client-capability set (the capabilities are negotiated once per 
 session but sent per request by modern clients, so clients that declare different ones
 cannot share a session). The set is reduced to a handful of flags first
 (`translate.session_capabilities`), so clients cannot mint sessions by varying what they
-declare. The upstream credential is the backend's static configuration, the same for every
-session of a backend, so it needs no key of its own. A session serves any number of
+declare. Sessions are also keyed by their `owner`, whose upstream credential they carry: ""
+for the gateway's own (static headers, a client-credentials token), a label of the
+principal for a token-exchange backend, so that two users' exchanged tokens never share a
+session (backends/credentials.py). A session serves any number of
 concurrent requests: a warm modern request costs one upstream POST.
 
 The pool is bounded hard: `size` counts every session, busy and pinned ones included. A call
@@ -37,7 +39,13 @@ from gateway.protocol import jsonrpc as rpc
 
 log = logging.getLogger("gateway.backends.legacy.pool")
 
-SessionFactory = Callable[[dict[str, Any]], LegacySession]
+
+def _key(capabilities: dict[str, Any], owner: str) -> str:
+    key = pool_key(capabilities)
+    return f"{key}|{owner}" if owner else key
+
+# (client capabilities, owner) -> a fresh session carrying the owner's credential.
+SessionFactory = Callable[[dict[str, Any], str], LegacySession]
 RenewHook = Callable[[LegacySession, LegacySession], None]
 
 
@@ -81,20 +89,20 @@ class SessionPool:
         self.pinned.discard(session)
         self._room.set()
 
-    async def get(self, capabilities: dict[str, Any]) -> LegacySession:
-        key = pool_key(capabilities)
+    async def get(self, capabilities: dict[str, Any], owner: str = "") -> LegacySession:
+        key = _key(capabilities, owner)
         session = self._sessions.get(key)
         if session is not None and not session.closed:
             return session
-        return await self._single_flight(key, capabilities)
+        return await self._single_flight(key, capabilities, owner)
 
-    async def _single_flight(self, key: str, capabilities: dict[str, Any], *,
+    async def _single_flight(self, key: str, capabilities: dict[str, Any], owner: str, *,
                              replaces: LegacySession | None = None, pin: bool = False) -> LegacySession:
         """The session being opened for `key`, opening it if nobody is. A caller that gives
         up (cancelled) does not abort the handshake the others wait for."""
         opening = self._opening.get(key)
         if opening is None:
-            opening = asyncio.ensure_future(self._open(key, capabilities, replaces, pin))
+            opening = asyncio.ensure_future(self._open(key, capabilities, owner, replaces, pin))
             self._opening[key] = opening
             opening.add_done_callback(lambda done, key=key: self._opened(key, done))
         return await asyncio.shield(opening)
@@ -105,10 +113,11 @@ class SessionPool:
         if not done.cancelled() and done.exception() is not None:
             self._room.set()  # the place it held is free again
 
-    async def _open(self, key: str, capabilities: dict[str, Any], replaces: LegacySession | None,
+    async def _open(self, key: str, capabilities: dict[str, Any], owner: str, replaces: LegacySession | None,
                     pin: bool) -> LegacySession:
         await self._make_room()
-        session = self.factory(capabilities)
+        session = self.factory(capabilities, owner)
+        session.owner = owner
         try:
             await session.open()
         except SessionExpired:
@@ -165,7 +174,7 @@ class SessionPool:
 
     async def renew(self, stale: LegacySession) -> LegacySession:
         """Replace a session the backend expired (unless someone already did)."""
-        key = pool_key(stale.capabilities)
+        key = _key(stale.capabilities, stale.owner)
         current = self._sessions.get(key)
         if current is not None and current is not stale and not current.closed:
             return current
@@ -177,12 +186,13 @@ class SessionPool:
             await stale.close()
             log.info("backend %s: legacy session expired; re-initializing", self.backend)
             if key not in self._opening:  # nobody started the replacement while we closed
-                return await self._single_flight(key, stale.capabilities, replaces=stale, pin=pinned)
-        return await self._single_flight(key, stale.capabilities)
+                return await self._single_flight(key, stale.capabilities, stale.owner, replaces=stale, pin=pinned)
+        return await self._single_flight(key, stale.capabilities, stale.owner)
 
     async def request(self, capabilities: dict[str, Any], method: str, params: dict[str, Any], *,
-                      progress: bool = False, wants_logs: bool = False) -> tuple[LegacySession, Exchange]:
-        session = await self.get(capabilities)
+                      progress: bool = False, wants_logs: bool = False, owner: str = ""
+                      ) -> tuple[LegacySession, Exchange]:
+        session = await self.get(capabilities, owner)
         try:
             return session, await session.request(method, params, progress=progress, wants_logs=wants_logs)
         except SessionExpired:

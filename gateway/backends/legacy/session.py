@@ -69,6 +69,8 @@ class LegacySession(abc.ABC):
     """An initialized session; subclasses supply the transport."""
 
     def __init__(self, backend: str, capabilities: dict[str, Any], on_notification: NotificationSink) -> None:
+        # Whose upstream credential the session carries ("" the gateway's own; pool.py).
+        self.owner = ""
         self.backend = backend
         self.capabilities = capabilities  # what the gateway declared in initialize
         self.on_notification = on_notification

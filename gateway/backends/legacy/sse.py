@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import orjson
 
-from gateway.backends import http1
+from gateway.backends import http1, tls
 from gateway.backends.errors import UpstreamError, describe, upstream_errors
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.exchange import Exchange
@@ -177,14 +177,11 @@ class LegacySseBackend(LegacyBackend):
         super().__init__(settings, replica)
         assert settings.url is not None
         self.url = settings.url
-        self._posts = http1.Http1Client(settings.name, max_connections=settings.max_connections,
-                                        connect_timeout=settings.connect_timeout_seconds,
-                                        max_response_bytes=settings.max_response_bytes)
+        context = tls.client_context(settings.tls)
+        self._posts = http1.for_backend(settings, context)
         # The sessions' GET streams live as long as the sessions: a pool of their own, so
         # that they never hold a slot a POST needs.
-        self._streams = http1.Http1Client(settings.name, max_connections=settings.session_pool_size + 1,
-                                          connect_timeout=settings.connect_timeout_seconds,
-                                          max_response_bytes=settings.max_response_bytes)
+        self._streams = http1.for_backend(settings, context, max_connections=settings.session_pool_size + 1)
         self._renewals: set[asyncio.Task[Any]] = set()
 
     async def aclose(self) -> None:
@@ -194,9 +191,9 @@ class LegacySseBackend(LegacyBackend):
         await self._streams.aclose()
         await self._posts.aclose()
 
-    def _new_session(self, capabilities: dict[str, Any]) -> LegacySession:
+    def _new_session(self, capabilities: dict[str, Any], headers: Mapping[str, str]) -> LegacySession:
         return SseSession(self.name, capabilities, self.listens.deliver, client=self._streams, posts=self._posts,
-                          url=self.url, headers=dict(self.settings.headers), timeout=self.settings.timeout_seconds,
+                          url=self.url, headers=headers, timeout=self.settings.timeout_seconds,
                           connect_timeout=self.settings.connect_timeout_seconds, on_lost=self._lost)
 
     async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:

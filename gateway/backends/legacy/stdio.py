@@ -11,6 +11,7 @@ refused (backend requests, §h.5): `sole_origin`. The process itself is
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.backends.base import Message
@@ -76,7 +77,7 @@ class LegacyStdioBackend(LegacyBackend):
     def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]:
         return ALL_INPUT_CAPABILITIES
 
-    def _new_session(self, capabilities: dict[str, Any]) -> LegacySession:
+    def _new_session(self, capabilities: dict[str, Any], headers: Mapping[str, str]) -> LegacySession:
         session = StdioSession(self.name, capabilities, self.listens.deliver, self.process,
                                self.settings.connect_timeout_seconds)
         self._session = session
