@@ -19,6 +19,8 @@ from gateway.backends.base import Message, Reply, aclose
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
 from gateway.observability import metrics
+from gateway.policies.authorization import DECIDED_METHODS, RuleSet, call_target
+from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call, check_param_headers
@@ -59,8 +61,14 @@ class Hub(Protocol):
 
 class Dispatcher:
     def __init__(self, table: RouteTable, *, cache: ResponseCache | None = None, hub: Hub | None = None,
-                 instructions: str | None = None) -> None:
+                 instructions: str | None = None, rules: RuleSet | None = None,
+                 rate_limits: RateLimits | None = None) -> None:
         self.table = table
+        # Governance (docs/governance.md): decided here for every request, whichever door it
+        # came in by (modern, initialize-era, HTTP+SSE); None when not configured.
+        self.rules = rules
+        self.rate_limits = rate_limits
+        self._governed = rules is not None or rate_limits is not None
         self.cache: ResponseCache = cache or NoCache()
         self.hub = hub
         self.instructions = instructions
@@ -70,6 +78,8 @@ class Dispatcher:
 
     async def dispatch(self, call: Call) -> Reply:
         method = call.method
+        if self._governed:
+            await self._govern(call)
         if method == "server/discover":
             return await self._discover(call)
         spec = call.spec
@@ -87,6 +97,29 @@ class Dispatcher:
                 raise rpc.method_not_found(method, call.id)
             return await self.hub.listen(call, self.table.targets)
         raise rpc.method_not_found(method, call.id)
+
+    # -- governance -------------------------------------------------------------------------
+
+    async def _govern(self, call: Call) -> None:
+        """Authorization rules, then rate limits; raises the refusal (403, 429)."""
+        method = call.method
+        name, uri = call_target(method, call.params, call.name) if method in DECIDED_METHODS else (None, None)
+        backend = self._backend_of(name, uri)
+        if self.rules is not None and method in DECIDED_METHODS:
+            decision = self.rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
+            if not decision.allowed:
+                raise self.rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
+        if self.rate_limits is not None:
+            await self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
+
+    def _backend_of(self, name: str | None, uri: str | None) -> str | None:
+        if name is not None:
+            resolved = self.table.resolve_name(name)
+            return resolved[0].backend.name if resolved is not None else None
+        if uri is not None:
+            target = self.table.resolve_uri(uri)
+            return target.backend.name if target is not None else None
+        return None
 
     # -- capability view of the fleet -----------------------------------------------------
 

@@ -13,6 +13,8 @@ from gateway.backends.replica import ReplicaContext
 from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
+from gateway.policies.authorization import RuleSet
+from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
@@ -35,7 +37,11 @@ class Runtime:
         )
         self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
         self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
-        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
+        # Governance, compiled once (docs/governance.md): None when not configured.
+        self.rules = RuleSet.from_settings(settings)
+        self.rate_limits = RateLimits.from_settings(settings)
+        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub, rules=self.rules,
+                                     rate_limits=self.rate_limits)
         self._discovery: asyncio.Task[None] | None = None
         self.shutting_down = False
 
@@ -75,6 +81,8 @@ class Runtime:
             self._discovery.cancel()
         await self.hub.aclose()
         await self.cache.aclose()
+        if self.rate_limits is not None:
+            await self.rate_limits.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:

@@ -289,6 +289,9 @@ class AuthSettings(_Frozen):
     jwks_cache_seconds: Annotated[float, Field(gt=0)] = 300.0
     jwks_min_refresh_seconds: Annotated[float, Field(ge=0)] = 30.0
     jwks_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Token claims kept on the Principal (e.g. groups, tenant), for the `authorization` rules
+    # and `rate_limits` keys (docs/governance.md). Others are dropped after verification.
+    claims: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self) -> AuthSettings:
@@ -342,6 +345,63 @@ class SubscriptionSettings(_Frozen):
     lease_seconds: Annotated[float, Field(gt=0)] = 5.0
 
 
+# -- governance: authorization rules and rate limits (docs/governance.md) -------------------
+
+_Globs = tuple[Annotated[str, Field(min_length=1)], ...]
+
+
+class RuleCondition(_Frozen):
+    """What the caller must hold for a rule to apply: every scope, and every claim (a claim
+    holds when it equals one of the values, or is a list that contains one)."""
+
+    scopes: tuple[str, ...] = ()
+    claims: dict[str, str | tuple[str, ...]] = Field(default_factory=dict)
+
+
+class AuthorizationRule(_Frozen):
+    effect: Literal["allow", "deny"]
+    # Unset: any. Globs for names (as the client sees them) and URIs.
+    methods: tuple[str, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    names: _Globs | None = None
+    uris: _Globs | None = None
+    when: RuleCondition = RuleCondition()
+    # A label for errors and logs; default "rules.<index>".
+    id: str | None = None
+
+
+class AuthorizationSettings(_Frozen):
+    """Who may call what (policies/authorization.py): first matching rule wins."""
+
+    default: Literal["allow", "deny"] = "allow"
+    rules: tuple[AuthorizationRule, ...] = ()
+
+
+class RateLimit(_Frozen):
+    """One limit (policies/ratelimit.py): `rate` requests per second/minute/hour with `burst`
+    at once, counted per value of `key`, for the calls its globs match."""
+
+    rate: Annotated[str, Field(pattern=r"^\s*\d+(\.\d+)?\s*/\s*(s|m|h)\s*$")]
+    burst: Annotated[int, Field(gt=0)] | None = None
+    # What a bucket is per: principal, name, backend, method, claim:<name>; combined.
+    key: tuple[str, ...] = ("principal",)
+    methods: tuple[str, ...] | None = None
+    names: _Globs | None = None
+    backends: tuple[str, ...] | None = None
+    id: str | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for part in v:
+            if part not in ("principal", "name", "backend", "method") and not (
+                    part.startswith("claim:") and len(part) > len("claim:")):
+                raise ValueError(f"{part!r} is not principal, name, backend, method or claim:<name>")
+        if not v:
+            raise ValueError("must name at least one of principal, name, backend, method, claim:<name>")
+        return v
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
@@ -354,6 +414,8 @@ class GatewaySettings(BaseSettings):
     security: SecuritySettings = SecuritySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     subscriptions: SubscriptionSettings = SubscriptionSettings()
+    authorization: AuthorizationSettings = AuthorizationSettings()
+    rate_limits: tuple[RateLimit, ...] = ()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
     demo: bool = False
 
@@ -386,6 +448,12 @@ class GatewaySettings(BaseSettings):
                         f"backends {self.backends[i].name!r} and {self.backends[j].name!r} have overlapping name "
                         f"prefixes {p!r} and {q!r}: a tool name could not be routed unambiguously"
                     )
+        # Kept beside the policies, so every rule about rules lives with the code that runs them.
+        from gateway.policies.authorization import check_authorization
+        from gateway.policies.ratelimit import check_rate_limits
+
+        check_authorization(self)
+        check_rate_limits(self)
         return self
 
     def prefix_of(self, backend: BackendSettings) -> str:
