@@ -104,7 +104,7 @@ class Dispatcher:
         """Authorization rules, then rate limits; raises the refusal (403, 429)."""
         method = call.method
         name, uri = call_target(method, call.params, call.name) if method in DECIDED_METHODS else (None, None)
-        backend = self._backend_of(name, uri)
+        backend = self._backend_of(name, uri, "tools" if method == "tools/call" else "prompts")
         if self.rules is not None and method in DECIDED_METHODS:
             decision = self.rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
             if not decision.allowed:
@@ -112,9 +112,9 @@ class Dispatcher:
         if self.rate_limits is not None:
             await self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
 
-    def _backend_of(self, name: str | None, uri: str | None) -> str | None:
+    def _backend_of(self, name: str | None, uri: str | None, kind: str = "tools") -> str | None:
         if name is not None:
-            resolved = self.table.resolve_name(name)
+            resolved = self.table.resolve_name(name, kind)
             return resolved[0].backend.name if resolved is not None else None
         if uri is not None:
             target = self.table.resolve_uri(uri)
@@ -210,7 +210,7 @@ class Dispatcher:
             # is -32602 (TOOLS). Forwarded, it reached the backend as something no tool can
             # take, and an `x-mcp-header` argument could not be found in it (§b.2).
             raise rpc.invalid_params(f'"params.arguments" of {call.method} must be an object', call.id)
-        resolved = self.table.resolve_name(call.name)
+        resolved = self.table.resolve_name(call.name, "tools" if kind == "tool" else "prompts")
         if resolved is None:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
                                      data={"name": call.name})
@@ -319,7 +319,7 @@ class Dispatcher:
         if not isinstance(ref, dict):
             raise rpc.invalid_params('"ref" must be an object', call.id)
         if ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str):
-            resolved = self.table.resolve_name(ref["name"])
+            resolved = self.table.resolve_name(ref["name"], "prompts")
             if resolved is None:
                 raise rpc.invalid_params(f"Unknown prompt: {ref['name']!r}", call.id)
             target, upstream = resolved

@@ -16,6 +16,7 @@ from gateway.dispatch import Dispatcher, Hub
 from gateway.policies.authorization import RuleSet
 from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
+from gateway.routing.curation import Curation
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
 from gateway.subscriptions import build_hub
@@ -32,7 +33,8 @@ class Runtime:
         self.backends = backends if backends is not None else [
             create_backend(b, self.replica) for b in settings.backends]
         self.table = RouteTable(
-            [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends],
+            [Target(backend, settings.prefix_of(backend.settings), Curation.of(backend.settings))
+             for backend in self.backends],
             max_uris=settings.server.max_resource_uris,
         )
         self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)

@@ -100,6 +100,29 @@ class ServerSettings(_Frozen):
             return False
 
 
+class CurationSettings(_Frozen):
+    """What a backend shows of its tools, prompts or resources (routing/curation.py), by its
+    own names (resources: URIs), before the prefix."""
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    rename: dict[str, str] = Field(default_factory=dict)
+    descriptions: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CurationSettings:
+        shown = list(self.rename.values())
+        dupes = sorted({n for n in shown if shown.count(n) > 1})
+        if dupes:
+            raise ValueError(f"rename: two names renamed to {', '.join(dupes)}")
+        for own, new in self.rename.items():
+            if not new:
+                raise ValueError(f"rename.{own}: the new name is empty")
+            if new in self.rename and new != own:
+                raise ValueError(f"rename.{own}: {new!r} is itself renamed; a name can be renamed once")
+        return self
+
+
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
@@ -157,6 +180,10 @@ class BackendSettings(_Frozen):
     max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
+    # Curation (routing/curation.py; docs/governance.md): what this backend shows.
+    tools: CurationSettings | None = None
+    prompts: CurationSettings | None = None
+    resources: CurationSettings | None = None
 
     @field_validator("url")
     @classmethod
@@ -183,6 +210,8 @@ class BackendSettings(_Frozen):
             raise ValueError("'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
         if self.transport == "sse" and self.era == "modern":
             raise ValueError("transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: era must be 'legacy' or 'auto'")
+        if self.resources is not None and (self.resources.rename or self.resources.descriptions):
+            raise ValueError("resources: only include and exclude apply (URIs are not renamed)")
         return self
 
 
