@@ -19,7 +19,7 @@ from gateway.backends.base import Message, Reply, aclose
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
 from gateway.observability import metrics
-from gateway.policies.authorization import DECIDED_METHODS, RuleSet, call_target
+from gateway.policies.authorization import DECIDED_METHODS, USE_OF_LIST, RuleSet, call_target
 from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
@@ -38,6 +38,9 @@ _BACKEND_OUTCOMES = {
 }
 # Re-read a backend's tools/list at most this often when a call names a tool the index lacks.
 _TOOL_INDEX_REFRESH_SECONDS = 5.0
+# The field that names an item of each list, and what kind of name it is.
+_ITEM_NAME = {"tools": ("name", "tools"), "prompts": ("name", "prompts"), "resources": ("uri", None),
+              "resourceTemplates": ("uriTemplate", None)}
 # Re-list the fleet's resources at most this often when a read names a URI the index lacks.
 _RESOURCE_INDEX_REFRESH_SECONDS = 5.0
 
@@ -95,6 +98,8 @@ class Dispatcher:
         if spec.stream_only:
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
+            if self.rules is not None:
+                return await self._visible_listen(call)
             return await self.hub.listen(call, self.table.targets)
         raise rpc.method_not_found(method, call.id)
 
@@ -111,6 +116,29 @@ class Dispatcher:
                 raise self.rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
         if self.rate_limits is not None:
             await self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
+
+    async def _visible_listen(self, call: Call) -> Reply:
+        """A listen that carries only what this caller may see: subscriptions to URIs it may
+        not read are never made, and an update for a URI it may not read (under a prefix it
+        subscribed to) is not delivered (docs/governance.md)."""
+        rules = self.rules
+        assert rules is not None and self.hub is not None
+        principal = call.principal
+
+        def may_read(uri: Any) -> bool:
+            return isinstance(uri, str) and rules.allows(principal, "resources/read", uri=uri,
+                                                         backend=self._backend_of(None, uri))
+
+        wire = call.params.get("notifications")
+        if isinstance(wire, dict) and isinstance(wire.get("resourceSubscriptions"), list):
+            uris = wire["resourceSubscriptions"]
+            visible = [u for u in uris if not isinstance(u, str) or may_read(u)]
+            if len(visible) != len(uris):
+                call = call.with_params({**call.params, "notifications": {**wire, "resourceSubscriptions": visible}})
+        reply = await self.hub.listen(call, self.table.targets)
+        if reply.stream is not None:
+            reply.stream = _VisibleNotifications(reply.stream, may_read)
+        return reply
 
     def _backend_of(self, name: str | None, uri: str | None, kind: str = "tools") -> str | None:
         if name is not None:
@@ -171,6 +199,8 @@ class Dispatcher:
         again = self.cache.assembled_again(call, targets, self.table.revision)
         if again is not None:
             message, body = again
+            if self.rules is not None:
+                return Reply("gateway", message=self._visible_items(call, message), headers=_CACHE_HIT)
             return Reply("gateway", message=message, raw=body, headers=_CACHE_HIT)
         outcomes: list[Outcome] = []
         sources: list[Source] = []
@@ -186,8 +216,39 @@ class Dispatcher:
             # Assembled from fresh entries only, none left out (a partial answer has ttlMs 0):
             # the same request is answered from this until one of them changes.
             self.cache.keep_assembled(call, targets, self.table.revision, sources, result)
-        return Reply("gateway", message=rpc.result_message(call.id, result),  # type: ignore[arg-type]
-                     headers=_cache_header(outcomes))
+        message = rpc.result_message(call.id, result)  # type: ignore[arg-type]
+        if self.rules is not None:
+            message = self._visible_items(call, message)
+        return Reply("gateway", message=message, headers=_cache_header(outcomes))
+
+    def _visible_items(self, call: Call, message: Message) -> Message:
+        """The list as this caller may use it: an item is listed when the call that uses it is
+        allowed (policies/authorization.py). The cache keeps the fleet's unfiltered answer,
+        shared by every caller, and each answer is cut here with the rules of the moment: a
+        cached answer cannot outlive a change of the rules, and no caller can be handed
+        another's cut (bench/README.md "Governance" measured this against caching each cut).
+        The cut is per caller, so it is `private` (spec: caching §cacheScope)."""
+        rules = self.rules
+        assert rules is not None and call.spec is not None
+        result = message.get("result")
+        key = call.spec.list_key
+        if not isinstance(result, dict) or key not in _ITEM_NAME or not isinstance(result.get(key), list):
+            return message
+        field_name, kind = _ITEM_NAME[key]
+        use = USE_OF_LIST[call.method]
+        principal = call.principal
+        kept = []
+        for item in result[key]:
+            name = item.get(field_name) if isinstance(item, dict) else None
+            if not isinstance(name, str):
+                continue
+            if kind is not None:
+                allowed = rules.allows(principal, use, name=name, backend=self._backend_of(name, None, kind))
+            else:
+                allowed = rules.allows(principal, use, uri=name, backend=self._backend_of(None, name))
+            if allowed:
+                kept.append(item)
+        return {**message, "result": {**result, key: kept, "cacheScope": "private"}}
 
     async def _list_page(self, target: Target, call: Call) -> Message:
         """One backend's page, within its `list_timeout_seconds`: a late backend is left out of
@@ -413,6 +474,36 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
         raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
     finally:
         await aclose(stream)
+
+
+class _VisibleNotifications:
+    """A listen stream without the `resources/updated` notifications its caller may not see.
+    Cancel-safe when the stream it wraps is (a cancelled wait loses nothing: the skip happens
+    only after a message arrived)."""
+
+    def __init__(self, stream: AsyncIterator[Message], may_read: Any) -> None:
+        self._stream = stream
+        self._may_read = may_read
+        self.cancel_safe_next = getattr(stream, "cancel_safe_next", False)
+
+    def __aiter__(self) -> _VisibleNotifications:
+        return self
+
+    async def __anext__(self) -> Message:
+        while True:
+            message = await self._stream.__anext__()
+            if message.get("method") == "notifications/resources/updated":
+                params = message.get("params")
+                if not (isinstance(params, dict) and self._may_read(params.get("uri"))):
+                    continue
+            return message
+
+    async def aclose(self) -> None:
+        await aclose(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the endpoint or the hub asks of the stream (its granted filter, ...).
+        return getattr(self._stream, name)
 
 
 def merge_capabilities(all_caps: list[dict[str, Any]]) -> dict[str, Any]:

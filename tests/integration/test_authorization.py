@@ -189,3 +189,90 @@ async def test_sdk_clients_modern_and_legacy(gw, issuer, mode):
             assert "Forbidden" in str(refused.value) and "ledger__echo" in str(refused.value)
         result = await client.call_tool("reports__echo", {"text": "ok"})
         assert not result.is_error
+
+
+# -- lists show what you may use -------------------------------------------------------------
+
+LEDGER_VISIBLE = ["ledger__ask", "ledger__bare", "ledger__echo", "ledger__flaky_tool", "ledger__gated",
+                  "ledger__regional", "ledger__slow"]  # not ledger__fail (no-failing), bad_header_tool never
+WRITER_VISIBLE = ["reports__ask", "reports__bare", "reports__echo", "reports__flaky_tool", "reports__gated",
+                  "reports__regional", "reports__slow"]
+
+
+async def all_tools(http: httpx.AsyncClient, url: str, token: str) -> tuple[list[str], list[httpx.Response]]:
+    names: list[str] = []
+    responses = []
+    cursor = None
+    for _ in range(50):
+        response = await mcp_http.post(http, url, "tools/list", {"cursor": cursor} if cursor else None,
+                                       extra_headers=bearer(token))
+        assert response.status_code == 200, response.text
+        responses.append(response)
+        result = response.json()["result"]
+        names += [t["name"] for t in result["tools"]]
+        cursor = result.get("nextCursor")
+        if cursor is None:
+            return sorted(names), responses
+    raise AssertionError("the list did not end")
+
+
+async def test_each_principal_sees_exactly_its_tools(gw, issuer):
+    async with httpx.AsyncClient() as http:
+        finance, responses = await all_tools(http, gw.url, issuer.token("fiona", groups=["finance"]))
+        engineer, _ = await all_tools(http, gw.url, issuer.token("eric", groups=["engineering"]))
+        writer, _ = await all_tools(http, gw.url, issuer.token("wes", scope="reports.write"))
+    assert finance == sorted([*LEDGER_VISIBLE, "reports__echo"])
+    assert engineer == ["reports__echo"]
+    assert writer == WRITER_VISIBLE
+    assert all(r.json()["result"]["cacheScope"] == "private" for r in responses)
+
+
+@pytest.mark.parametrize("mode", ["2026-07-28", "legacy"])
+async def test_sdk_clients_list_only_what_they_may_call(gw, issuer, mode):
+    for token, expected in ((issuer.token("fiona", groups=["finance"]), sorted([*LEDGER_VISIBLE, "reports__echo"])),
+                            (issuer.token("eric", groups=["engineering"]), ["reports__echo"])):
+        async with (
+            httpx2.AsyncClient(headers=bearer(token)) as http,
+            Client(streamable_http_client(gw.url, http_client=http), mode=mode, cache=None) as client,
+        ):
+            names: list[str] = []
+            cursor = None
+            for _ in range(50):
+                page = await client.list_tools(cursor=cursor)
+                names += [t.name for t in page.tools]
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            assert sorted(names) == expected
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_a_cached_list_is_never_handed_to_a_principal_whose_rules_differ(ledger, reports, jwks_url, issuer,
+                                                                               store, request):
+    cache: dict[str, Any] = {"store": store, "default_ttl_ms": 60_000}
+    if store == "redis":
+        cache["redis_url"] = request.getfixturevalue("redis_server").url
+    config = settings(ledger, reports, jwks_url, cache=cache)
+    finance, engineer = issuer.token("fiona", groups=["finance"]), issuer.token("eric", groups=["engineering"])
+    async with running_gateway(config) as one, running_gateway(config) as two, httpx.AsyncClient() as http:
+        # Finance fills the cache on replica one; the engineer reads it on both, then finance again.
+        first, _ = await all_tools(http, one.url, finance)
+        for url in (one.url, two.url):
+            seen, responses = await all_tools(http, url, engineer)
+            assert seen == ["reports__echo"]
+        again, responses = await all_tools(http, two.url, finance)
+    assert first == again == sorted([*LEDGER_VISIBLE, "reports__echo"])
+    assert any(r.headers.get("x-cache") == "hit" for r in responses)  # served from the shared cache
+
+
+async def test_changed_rules_apply_to_an_answer_already_cached(ledger, reports, jwks_url, issuer, redis_server):
+    cache = {"store": "redis", "redis_url": redis_server.url, "default_ttl_ms": 60_000}
+    finance = issuer.token("fiona", groups=["finance"])
+    async with running_gateway(settings(ledger, reports, jwks_url, cache=cache)) as gw, httpx.AsyncClient() as http:
+        before, _ = await all_tools(http, gw.url, finance)
+    tightened = {"default": "deny", "rules": [{"effect": "allow", "names": ["ledger__echo"]}]}
+    async with running_gateway(settings(ledger, reports, jwks_url, cache=cache, authorization=tightened)) as gw, \
+            httpx.AsyncClient() as http:
+        after, responses = await all_tools(http, gw.url, finance)
+    assert "ledger__slow" in before and after == ["ledger__echo"]
+    assert any(r.headers.get("x-cache") == "hit" for r in responses)
