@@ -196,6 +196,8 @@ class Dispatcher:
         targets = self.capable(call.spec.capability)
         if not targets:
             raise rpc.method_not_found(call.method, call.id)
+        if self.table.pins is not None and call.method == "tools/list":
+            await self.table.pins.reload_if_stale()  # an accept made elsewhere shows within seconds
         again = self.cache.assembled_again(call, targets, self.table.revision)
         if again is not None:
             message, body = again
@@ -276,6 +278,12 @@ class Dispatcher:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
                                      data={"name": call.name})
         target, upstream_name = resolved
+        if call.method == "tools/call" and self.table.pins is not None:
+            await self.table.pins.reload_if_stale()
+            reason = self.table.pins.withheld(target.backend.name, upstream_name)
+            if reason is not None:
+                raise rpc.invalid_params(reason[0].upper() + reason[1:], call.id,
+                                         data={"backend": target.backend.name, "name": call.name, "pin": "changed"})
         if call.method == "tools/call":
             annotations = await self._param_annotations(target, upstream_name)
             if annotations:

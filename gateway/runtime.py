@@ -17,6 +17,7 @@ from gateway.policies.authorization import RuleSet
 from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.curation import Curation
+from gateway.routing.pins import Pins
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
 from gateway.subscriptions import build_hub
@@ -37,6 +38,7 @@ class Runtime:
              for backend in self.backends],
             max_uris=settings.server.max_resource_uris,
         )
+        self.table.pins = Pins.from_settings(settings, on_change=self._pins_changed)
         self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
         self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
         # Governance, compiled once (docs/governance.md): None when not configured.
@@ -47,7 +49,13 @@ class Runtime:
         self._discovery: asyncio.Task[None] | None = None
         self.shutting_down = False
 
+    def _pins_changed(self) -> None:
+        # What is withheld changed: no kept aggregated list may be reused (cache/assembled.py).
+        self.table.revision += 1
+
     async def start(self) -> None:
+        if self.table.pins is not None:
+            await self.table.pins.reload()
         await asyncio.gather(*(b.start() for b in self.backends))
         await self.cache.start()
         await self.hub.start()
@@ -85,6 +93,8 @@ class Runtime:
         await self.cache.aclose()
         if self.rate_limits is not None:
             await self.rate_limits.aclose()
+        if self.table.pins is not None:
+            await self.table.pins.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:

@@ -184,6 +184,9 @@ class BackendSettings(_Frozen):
     tools: CurationSettings | None = None
     prompts: CurationSettings | None = None
     resources: CurationSettings | None = None
+    # Pinned tool definitions (routing/pins.py): a tool whose definition changes after it was
+    # first seen is logged and counted (warn) or withheld until `pins accept` (block).
+    pin: Literal["off", "warn", "block"] = "off"
 
     @field_validator("url")
     @classmethod
@@ -431,6 +434,11 @@ class RateLimit(_Frozen):
         return v
 
 
+class PinSettings(_Frozen):
+    # Where pins are kept without Redis (with cache.store: redis they are in Redis).
+    file: str = "mcp-gateway-pins.json"
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
@@ -445,6 +453,7 @@ class GatewaySettings(BaseSettings):
     subscriptions: SubscriptionSettings = SubscriptionSettings()
     authorization: AuthorizationSettings = AuthorizationSettings()
     rate_limits: tuple[RateLimit, ...] = ()
+    pins: PinSettings = PinSettings()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
     demo: bool = False
 

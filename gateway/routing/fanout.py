@@ -144,6 +144,8 @@ def _present(method: str, table: RouteTable, target: Target, page: list[Any], *,
     curation = target.curation
     if method == "tools/list":
         page = table.filter_tools(target, page)
+        if table.pins is not None:
+            page = table.pins.present(target.backend.name, page)  # the backend's own definitions
         if curation is not None and curation.tools is not None:
             page = curation.tools.present(page, "name")  # before the prefix (routing/curation.py)
         return [_renamed(item, target) for item in page] if target.prefix else page

@@ -25,6 +25,7 @@ import orjson
 from gateway.backends.base import Backend
 from gateway.protocol import headers as h
 from gateway.routing.curation import Curation
+from gateway.routing.pins import Pins
 
 log = logging.getLogger("gateway.routing")
 
@@ -72,6 +73,8 @@ class RouteTable:
         self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
         # Per backend: the last tools list filtered (held, so `is` is a sound test) and its result.
         self._filtered: dict[str, tuple[list[Any], list[Any]]] = {}
+        # Pinned tool definitions (routing/pins.py), set by the runtime; None: no backend pins.
+        self.pins: Pins | None = None
         # Bumped whenever a list may have taught the table something: an aggregated answer kept
         # for reuse (cache/assembled.py) is only reused while this has not moved.
         self.revision = 0
