@@ -110,8 +110,17 @@ async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int,
 
 async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
     era = "legacy" if args.mode == "legacy" else "modern"
+    governance: dict = {}
+    if args.governance:
+        # The rules and limits of bench/run.py's governance-call workload (memory limiter).
+        import yaml
+        from run import governance_yaml
+
+        governance = yaml.safe_load(governance_yaml("memory"))
+        governance.pop("cache", None)
     settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": ""}],
-                               cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"})
+                               cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"},
+                               **governance)
     app = build_app(settings)
     lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
     started = asyncio.Event()
@@ -138,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     p.add_argument("--profile", action="store_true", help="also run one round under cProfile")
     p.add_argument("--cache", choices=("memory", "none"), default="memory", help="cache.store (default memory)")
+    p.add_argument("--governance", action="store_true",
+                   help="with the 20 rules and 3 rate limits of bench/run.py governance-call")
     args = p.parse_args(argv)
     if args.profile:
         args.rounds += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from gateway import __version__
@@ -82,7 +82,9 @@ class Dispatcher:
     async def dispatch(self, call: Call) -> Reply:
         method = call.method
         if self._governed:
-            await self._govern(call)
+            pending = self._govern(call)
+            if pending is not None:
+                await pending
         if method == "server/discover":
             return await self._discover(call)
         spec = call.spec
@@ -105,8 +107,9 @@ class Dispatcher:
 
     # -- governance -------------------------------------------------------------------------
 
-    async def _govern(self, call: Call) -> None:
-        """Authorization rules, then rate limits; raises the refusal (403, 429)."""
+    def _govern(self, call: Call) -> Awaitable[None] | None:
+        """Authorization rules, then rate limits; raises the refusal (403, 429). Synchronous
+        unless a shared (Redis) limiter must be asked: then the awaitable that asks it."""
         method = call.method
         name, uri = call_target(method, call.params, call.name) if method in DECIDED_METHODS else (None, None)
         backend = self._backend_of(name, uri, "tools" if method == "tools/call" else "prompts")
@@ -115,7 +118,8 @@ class Dispatcher:
             if not decision.allowed:
                 raise self.rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
         if self.rate_limits is not None:
-            await self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
+            return self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
+        return None
 
     async def _visible_listen(self, call: Call) -> Reply:
         """A listen that carries only what this caller may see: subscriptions to URIs it may

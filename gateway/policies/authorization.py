@@ -62,6 +62,8 @@ LIST_OF_USE: dict[str, tuple[str, ...]] = {
     "tools/call": ("tools/list",), "prompts/get": ("prompts/list",),
     "resources/read": ("resources/list", "resources/templates/list"),
 }
+# Mcp-Method values the head phase decides (a padded header is left to the dispatcher).
+_DECIDED_HEADERS = {m.encode(): m for m in ("tools/call", "prompts/get", "resources/read")}
 _NAMED_OR_LISTED = NAMED_METHODS | {"tools/list", "prompts/list"}
 _URI_OR_LISTED = URI_METHODS | {"resources/list", "resources/templates/list"}
 # Targets whose candidate rules are remembered; past it the memo starts over (names come from
@@ -92,6 +94,15 @@ def claim_holds(value: Any, wanted: frozenset[str]) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    # The rule that decided ("default" when none matched).
+    rule: str
+    # Scopes an allowing rule needs that the caller lacks (for the challenge's `scope=`).
+    missing_scopes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     label: str
     allow: bool
@@ -101,6 +112,9 @@ class Rule:
     uris: re.Pattern[str] | None
     scopes: frozenset[str]
     claims: tuple[tuple[str, frozenset[str]], ...]
+    # Made once: what this rule decides, and whether it holds for every caller.
+    decision: Decision
+    unconditional: bool
 
     def targets(self, method: str, name: str | None, uri: str | None, backend: str | None) -> bool:
         """Whether the request's target (not its caller) is one this rule is about."""
@@ -125,23 +139,17 @@ class Rule:
         return all(claim_holds(claims.get(claim), wanted) for claim, wanted in self.claims)
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    allowed: bool
-    # The rule that decided ("default" when none matched).
-    rule: str
-    # Scopes an allowing rule needs that the caller lacks (for the challenge's `scope=`).
-    missing_scopes: tuple[str, ...] = ()
-
-
 def _compile_rule(index: int, rule: AuthorizationRule) -> Rule:
     methods = set(rule.methods) if rule.methods is not None else None
     if methods is not None:
         # A rule about a list is about the items it lists: it matches their use.
         methods |= {USE_OF_LIST[m] for m in methods if m in USE_OF_LIST}
+    label = rule.id or f"rules.{index}"
     return Rule(
-        label=rule.id or f"rules.{index}",
+        label=label,
         allow=rule.effect == "allow",
+        decision=Decision(rule.effect == "allow", label),
+        unconditional=not rule.when.scopes and not rule.when.claims,
         methods=frozenset(methods) if methods is not None else None,
         backends=frozenset(rule.backends) if rule.backends is not None else None,
         names=compile_globs(rule.names) if rule.names is not None else None,
@@ -190,10 +198,13 @@ class RuleSet:
 
     def decide(self, principal: Principal, method: str, *, name: str | None = None, uri: str | None = None,
                backend: str | None = None) -> Decision:
-        candidates = self.candidates(method, name, uri, backend)
+        key = (method, name, uri, backend)
+        candidates = self._memo.get(key)
+        if candidates is None:
+            candidates = self.candidates(method, name, uri, backend)
         for rule in candidates:
-            if rule.holds(principal):
-                return Decision(True, rule.label) if rule.allow else Decision(False, rule.label)
+            if rule.unconditional or rule.holds(principal):
+                return rule.decision
         if self.default.allowed:
             return self.default
         # Denied by default: would a scope have helped? The first allowing rule the caller
@@ -273,7 +284,8 @@ class Authorization(HeadPolicy):
         super().__init__(app)
         self.rules = rules
         self.resolver = resolver
-        self.mcp_paths = frozenset(p.rstrip("/") or "/" for p in mcp_paths)
+        paths = {p.rstrip("/") or "/" for p in mcp_paths}
+        self.mcp_paths = frozenset(paths | {p + "/" for p in paths})
         # A URI's owner may be known only to the route table (the URIs backends list): where a
         # rule about URIs names backends, the head phase leaves URIs it cannot place to the
         # dispatcher rather than guess.
@@ -281,17 +293,22 @@ class Authorization(HeadPolicy):
             if uri_backends_matter is None else uri_backends_matter
 
     def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
-        if scope["method"] != "POST" or (scope["path"].rstrip("/") or "/") not in self.mcp_paths:
+        if scope["method"] != "POST" or scope["path"] not in self.mcp_paths:
             return None
-        raw_method = asgi.get_header(scope, b"mcp-method")
-        if raw_method is None:
+        raw_method = raw_name = version = None
+        for key, value in scope["headers"]:  # one pass: three headers
+            if key == b"mcp-method":
+                raw_method = value
+            elif key == b"mcp-name":
+                raw_name = value
+            elif key == b"mcp-protocol-version":
+                version = value
+        if raw_method is None or raw_name is None or version is None:
             return None
-        method = raw_method.decode("latin-1").strip()
-        if method not in ("tools/call", "prompts/get", "resources/read"):
+        method = _DECIDED_HEADERS.get(raw_method)
+        if method is None:
             return None  # completion refs are in the body; lists are filtered, not refused
-        version = asgi.get_header(scope, b"mcp-protocol-version")
-        raw_name = asgi.get_header(scope, h.NAME.encode())
-        if version is None or raw_name is None or not is_modern(version.decode("latin-1").strip()):
+        if not is_modern(version.decode("latin-1").strip()):
             return None
         try:
             target = h.decode_value(raw_name.decode("latin-1").strip())

@@ -33,7 +33,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,6 +54,7 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")
 # Buckets one replica keeps in memory; past it, buckets whose debt is paid go first.
 _MAX_LOCAL_BUCKETS = 100_000
 _WARN_EVERY_SECONDS = 10.0
+_MEMO_ENTRIES = 4096
 
 RATE_LIMITED = Counter("mcp_gateway_rate_limited_total", "Requests refused with 429 by a rate limit.", ["limit"])
 RATE_LIMIT_FALLBACKS = Counter(
@@ -90,9 +91,11 @@ class Limit:
             return False
         return self.names is None or (name is not None and self.names.match(name) is not None)
 
-    def bucket(self, principal: Principal, method: str, name: str | None, backend: str | None) -> str:
-        """The identity of the bucket this request draws from, hashed (no name in clear)."""
-        parts: list[Any] = []
+    def bucket(self, principal: Principal, method: str, name: str | None, backend: str | None) -> tuple[Any, ...]:
+        """The identity of the bucket this request draws from: (limit, key values...)."""
+        if self.key == ("principal",):  # the usual key, without the loop
+            return (self.label, principal.key)
+        parts: list[Any] = [self.label]
         for part in self.key:
             if part == "principal":
                 parts.append(principal.key)
@@ -103,8 +106,15 @@ class Limit:
             elif part == "method":
                 parts.append(method)
             else:
-                parts.append(principal.claims.get(part[len("claim:"):]))
-        return hashlib.blake2b(orjson.dumps(parts, default=str), digest_size=12).hexdigest()
+                value = principal.claims.get(part[len("claim:"):])
+                parts.append(value if isinstance(value, (str, int, float, bool)) or value is None
+                             else orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+        return tuple(parts)
+
+
+def bucket_hash(bucket: tuple[Any, ...]) -> str:
+    """A bucket's identity as a Redis key part: a hash, so no principal or name is in clear."""
+    return hashlib.blake2b(orjson.dumps(bucket, default=str), digest_size=12).hexdigest()
 
 
 def compile_limit(index: int, limit: RateLimit) -> Limit:
@@ -126,13 +136,17 @@ class LocalBuckets:
     """GCRA buckets in this process: bucket → theoretical arrival time (monotonic seconds)."""
 
     def __init__(self, max_buckets: int = _MAX_LOCAL_BUCKETS, clock: Any = time.monotonic) -> None:
-        self._tat: dict[str, float] = {}
+        self._tat: dict[Any, float] = {}
         self._max = max_buckets
         self._clock = clock
 
-    def take(self, bucket: str, interval: float, burst: int) -> float:
+    def now(self) -> float:
+        return self._clock()
+
+    def take(self, bucket: Any, interval: float, burst: int, now: float | None = None) -> float:
         """Take one request from `bucket`: 0 if it may pass, else the seconds to wait."""
-        now = self._clock()
+        if now is None:
+            now = self._clock()
         tat = self._tat.get(bucket, now)
         if tat < now:
             tat = now
@@ -160,7 +174,7 @@ class SharedBuckets(Protocol):
     """Buckets every replica shares. `take` takes one request from each bucket, in one round
     trip, and answers the wait in seconds per bucket (0: passed); raises on any failure."""
 
-    async def take(self, requests: list[tuple[str, float, int]]) -> list[float]: ...
+    async def take(self, requests: list[tuple[Any, float, int]]) -> list[float]: ...
 
     async def aclose(self) -> None: ...
 
@@ -192,10 +206,14 @@ class RedisBuckets:
         self.prefix = prefix
         self.timeout = timeout_seconds
         self._script = client.register_script(_GCRA)
+        from redis.exceptions import NoScriptError
+
+        self._no_script = NoScriptError
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str, timeout_seconds: float) -> RedisBuckets:
         import redis.asyncio as aioredis  # a gateway without Redis never imports it
+
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
@@ -203,20 +221,27 @@ class RedisBuckets:
                                          retry=Retry(NoBackoff(), 0))
         return cls(client, prefix=prefix, timeout_seconds=timeout_seconds)
 
-    def key(self, bucket: str) -> str:
+    def key(self, bucket: Any) -> str:
         # The hash tag is the bucket: one slot per bucket on Cluster, buckets spread over slots.
-        return f"{self.prefix}:rl:{{{bucket}}}"
+        ident = bucket if isinstance(bucket, str) else bucket_hash(bucket)
+        return f"{self.prefix}:rl:{{{ident}}}"
 
-    async def take(self, requests: list[tuple[str, float, int]]) -> list[float]:
+    async def take(self, requests: list[tuple[Any, float, int]]) -> list[float]:
         async with asyncio.timeout(self.timeout):
             if len(requests) == 1:
                 bucket, interval, burst = requests[0]
                 waits = [await self._script(keys=[self.key(bucket)], args=[round(interval * 1e6), burst])]
             else:
+                # EVALSHA straight into the pipeline: redis-py's Script in a pipeline would ask
+                # SCRIPT EXISTS first on every execute (a second round trip).
                 pipe = self.client.pipeline(transaction=False)
                 for bucket, interval, burst in requests:
-                    await self._script(keys=[self.key(bucket)], args=[round(interval * 1e6), burst], client=pipe)
-                waits = await pipe.execute()
+                    pipe.evalsha(self._script.sha, 1, self.key(bucket), round(interval * 1e6), burst)
+                try:
+                    waits = await pipe.execute()
+                except self._no_script:
+                    await self.client.script_load(_GCRA)  # Redis restarted or flushed its scripts
+                    return await self.take(requests)
         return [int(w) / 1e6 for w in waits]
 
     async def aclose(self) -> None:
@@ -234,6 +259,9 @@ class RateLimits:
         self.retry_seconds = retry_seconds
         self._shared_down_until = float("-inf")
         self._warned_at = float("-inf")
+        # (method, name, backend) → the limits that apply: caller-independent, memoized
+        # (bounded: names come from clients).
+        self._memo: dict[tuple[str, str | None, str | None], tuple[Limit, ...]] = {}
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RateLimits | None:
@@ -246,39 +274,62 @@ class RateLimits:
             if cache.store == "redis" else None
         return cls(limits, shared=shared, retry_seconds=cache.redis_retry_seconds)
 
-    def matching(self, method: str, name: str | None, backend: str | None) -> list[Limit]:
-        return [limit for limit in self.limits if limit.applies(method, name, backend)]
+    def matching(self, method: str, name: str | None, backend: str | None) -> tuple[Limit, ...]:
+        key = (method, name, backend)
+        found = self._memo.get(key)
+        if found is None:
+            found = tuple(limit for limit in self.limits if limit.applies(method, name, backend))
+            if len(self._memo) >= _MEMO_ENTRIES:
+                self._memo.clear()
+            self._memo[key] = found
+        return found
 
-    async def check(self, principal: Principal, method: str, name: str | None, backend: str | None) -> None:
-        """Raise the 429 refusal when the request is over any limit it meets."""
+    def check(self, principal: Principal, method: str, name: str | None,
+              backend: str | None) -> Awaitable[None] | None:
+        """Raise the 429 refusal when the request is over any limit it meets. Decided at
+        once (None) from the local buckets; a coroutine to await when Redis decides."""
         matched = self.matching(method, name, backend)
         if not matched:
+            return None
+        requests = [(limit.bucket(principal, method, name, backend), limit.interval, limit.burst) for limit in matched]
+        if self.shared is not None and time.monotonic() >= self._shared_down_until:
+            return self._check_shared(matched, requests)
+        local = self.local
+        now = local.now()
+        self._refuse_over(matched, [local.take(bucket, interval, burst, now) for bucket, interval, burst in requests],
+                          fallback=self.shared is not None)
+        return None
+
+    async def _check_shared(self, matched: tuple[Limit, ...], requests: list[tuple[Any, float, int]]) -> None:
+        assert self.shared is not None
+        try:
+            waits = await self.shared.take(requests)
+        except Exception as exc:  # any Redis failure: the local buckets decide, never none
+            self._shared_failed(exc)
+            self._refuse_over(matched, [self.local.take(*request) for request in requests], fallback=True)
             return
-        requests = [(limit.label + ":" + limit.bucket(principal, method, name, backend), limit.interval, limit.burst)
-                    for limit in matched]
-        waits = await self._take(requests)
+        self._refuse_over(matched, waits, fallback=False)
+
+    def _shared_failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        self._shared_down_until = now + self.retry_seconds
+        if now - self._warned_at >= _WARN_EVERY_SECONDS:
+            self._warned_at = now
+            log.warning("rate limits: Redis failed (%s: %s); this replica's local buckets apply "
+                        "(limits hold per replica) for %gs", type(exc).__name__, exc, self.retry_seconds)
+
+    def _refuse_over(self, matched: tuple[Limit, ...], waits: list[float], *, fallback: bool) -> None:
+        if fallback:
+            RATE_LIMIT_FALLBACKS.inc()
         for limit, wait in zip(matched, waits, strict=True):
+            if not wait:
+                continue
             if wait > 0:
                 RATE_LIMITED.labels(limit.label).inc()
                 retry_ms = max(1, math.ceil(wait * 1000))
                 raise rpc.gateway_overloaded(
                     f"Too Many Requests: rate limit {limit.label} ({_describe(limit)}) reached; retry in {retry_ms} ms",
                     limit=limit.label, status=429, retry_after=wait, data={"retryAfterMs": retry_ms})
-
-    async def _take(self, requests: list[tuple[str, float, int]]) -> list[float]:
-        if self.shared is not None and time.monotonic() >= self._shared_down_until:
-            try:
-                return await self.shared.take(requests)
-            except Exception as exc:  # any Redis failure: the local buckets decide, never none
-                self._shared_down_until = time.monotonic() + self.retry_seconds
-                now = time.monotonic()
-                if now - self._warned_at >= _WARN_EVERY_SECONDS:
-                    self._warned_at = now
-                    log.warning("rate limits: Redis failed (%s: %s); this replica's local buckets apply "
-                                "(limits hold per replica) for %gs", type(exc).__name__, exc, self.retry_seconds)
-        if self.shared is not None:
-            RATE_LIMIT_FALLBACKS.inc()
-        return [self.local.take(bucket, interval, burst) for bucket, interval, burst in requests]
 
     async def aclose(self) -> None:
         if self.shared is not None:
