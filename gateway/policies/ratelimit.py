@@ -213,7 +213,6 @@ class RedisBuckets:
     @classmethod
     def from_url(cls, url: str, *, prefix: str, timeout_seconds: float) -> RedisBuckets:
         import redis.asyncio as aioredis  # a gateway without Redis never imports it
-
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 

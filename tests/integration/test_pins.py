@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import redis.asyncio as redis
 import yaml
 
