@@ -408,15 +408,17 @@ class Context:
         self.stats_urls.append(f"http://127.0.0.1:{port}/stats")
         return lambda i: f"http://127.0.0.1:{port}/fleet/{member(i)}"
 
-    def redis(self) -> str:
-        """A fresh redis-server (no persistence) on a free port, on the proxy's CPU: the
-        shared cache is part of the system under test.  Returns its redis:// URL."""
+    def _redis_node(self, name: str, *extra: str) -> int:
+        """One redis-server (no persistence) on a free port, on the proxy's CPU: the shared
+        Redis is part of the system under test. Returns its port once it answers PING."""
         binary = ensure_tool("redis-server", "redis-server")
         port = free_port()
-        lp = self._logfile("redis")
-        p = self.procs.start("redis", self._cpu("proxy") + [
+        lp = self._logfile(name)
+        workdir = self.tmp / f"{name}-{port}"
+        workdir.mkdir()
+        p = self.procs.start(name, self._cpu("proxy") + [
             binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--protected-mode", "no"], log_path=lp)
+            "--appendonly", "no", "--protected-mode", "no", "--dir", str(workdir), *extra], log_path=lp)
         deadline = time.monotonic() + 15
         while True:
             if p.poll() is not None:
@@ -425,12 +427,36 @@ class Context:
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                     s.sendall(b"PING\r\n")
                     if s.recv(64).startswith(b"+PONG"):
-                        return f"redis://127.0.0.1:{port}/0"
+                        return port
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server not answering PING after 15 s:\n{tail(lp)}")
             time.sleep(0.1)
+
+    def redis(self) -> str:
+        """A fresh standalone redis-server; returns its redis:// URL."""
+        return f"redis://127.0.0.1:{self._redis_node('redis')}/0"
+
+    def redis_cluster(self, masters: int = 3) -> str:
+        """A fresh Redis Cluster of `masters` masters (no replicas), all on the proxy's CPU
+        like the standalone one; returns its redis+cluster:// URL."""
+        ports = [self._redis_node(f"redis-cluster-{i}", "--cluster-enabled", "yes",
+                                  "--cluster-config-file", "nodes.conf", "--cluster-port", str(free_port()))
+                 for i in range(masters)]
+        cli = ensure_tool("redis-cli", "redis-tools")
+        created = subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=60)
+        if created.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-500:]}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [subprocess.run([cli, "-p", str(p), "cluster", "info"], capture_output=True, text=True,
+                                     timeout=10).stdout for p in ports]
+            if all("cluster_state:ok" in st for st in states):
+                return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+            time.sleep(0.2)
+        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok in 30 s")
 
     def nginx(self, backend_url: str, ready_path: str = "/healthz") -> str:
         """nginx in front of `backend_url`; ready when `ready_path` answers 200 through it."""
@@ -702,6 +728,52 @@ def wl_cache_hit_redis(ctx: Context) -> list[Target]:
     ]
 
 
+def wl_cache_hit_redis_cluster(ctx: Context) -> list[Target]:
+    """tools/list cache hits from a standalone Redis vs a three-master Redis Cluster, local
+    layer on and off: what Cluster costs per request (the cluster client, the slot lookup)."""
+    n = 50
+    be = ctx.backend("modern", tools=n, ttl_ms=60_000)
+    shapes = {"standalone": ctx.redis(), "cluster": ctx.redis_cluster(3)}
+    chk = check_list(n)
+    one = [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]
+    targets = [Target("direct", be, LIST_TOOLS, chk)]
+    for shape, url in shapes.items():
+        redis = f"redis: {{url: '{url}'}}\ncache: {{store: redis"
+        targets.append(ctx.gateway_target(LIST_TOOLS, chk, one, name=f"gateway-{shape}", x_cache="hit",
+                                          extra_yaml=redis + "}\n"))
+        targets.append(ctx.gateway_target(LIST_TOOLS, chk, one, name=f"gateway-{shape}-nolocal", x_cache="hit",
+                                          extra_yaml=redis + ", local_max_entries: 0}\n"))
+    return targets
+
+
+def wl_listen_fanout_redis(ctx: Context) -> Report:
+    """subscriptions/listen fan-out across two gateway replicas sharing a standalone Redis vs
+    a three-master Cluster (bench/redis_fanout.py)."""
+    import asyncio
+
+    if problem := ctx.gateway_unavailable():
+        return Report(["shape"], failures=[problem])
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import redis_fanout
+
+    n = 200 if ctx.args.smoke else 2_000
+    rounds = 3 if ctx.args.smoke else 20
+    rep = Report(["shape", "N (2 replicas)", "upstream listens", "every client got every one",
+                  "delivery p50 ms", "delivery p99 ms", "to last client p50 ms", "to last client p99 ms"])
+    for shape, url in (("standalone", ctx.redis()), ("cluster", ctx.redis_cluster(3))):
+        log(f"  listen fan-out over {shape} Redis, N={n}, {rounds} rounds")
+        r = asyncio.run(redis_fanout.measure(url, n, rounds))
+        rep.raw.append({"shape": shape, **r})
+        rep.rows.append([shape, f"{n:,}", str(r["upstreams"]), str(r["complete"]), f"{r['p50_ms']:.1f}",
+                         f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}", f"{r['last_p99_ms']:.1f}"])
+        if r["upstreams"] != 1:
+            rep.failures.append(f"{shape}: the backend held {r['upstreams']} upstream listens, expected 1")
+        if not r["complete"]:
+            rep.failures.append(f"{shape}: some clients missed notifications")
+    return rep
+
+
 def wl_aggregate_10(ctx: Context) -> list[Target]:
     """tools/list fanned out to 10 backends and merged, cache off, against one backend's
     list of the same total size (10 x 5 tools = 50 tools = the tools-list answer)."""
@@ -825,7 +897,9 @@ class Report:
 
 
 def wl_listen_fanout(ctx: Context) -> Report:
-    """subscriptions/listen fan-out through bench/listen_fanout.py (its own client)."""
+    """subscriptions/listen fan-out through bench/listen_fanout.py (its own client): N = 1,000,
+    10,000 and the largest the descriptor limit allows, through one gateway and through two
+    replicas sharing Redis, for this tree and every ``--compare`` tree."""
     import asyncio
 
     if problem := ctx.gateway_unavailable():
@@ -834,24 +908,45 @@ def wl_listen_fanout(ctx: Context) -> Report:
         sys.path.insert(0, str(BENCH))
     import listen_fanout
 
-    sizes = LISTEN_SIZES[:1] if ctx.args.smoke else LISTEN_SIZES
-    rounds = 3 if ctx.args.smoke else 20
-    rep = Report(["N", "upstream listens", "every client got every one", "open all (s)",
-                  "delivery p50 ms", "delivery p99 ms", "to last client p50 ms",
-                  "to last client p99 ms", "gateway RSS per idle stream KB"])
+    sizes = LISTEN_SIZES[:1] if ctx.args.smoke else (*LISTEN_SIZES, listen_fanout.largest_n())
+    trees: list[tuple[str, str | None]] = [("gateway", None)]
+    for spec in ctx.args.compare:
+        label, _, tree = spec.partition("=")
+        trees.append((label, tree))
+    rep = Report(["N", "gateway", "replicas", "upstream listens", "every client got every one", "open all (s)",
+                  "gateway CPU µs/delivery (user+sys)", "delivery p50 ms", "delivery p99 ms",
+                  "to last client p50 ms", "to last client p99 ms", "gateway RSS per idle stream KB"])
     for n in sizes:
-        log(f"  listen fan-out N={n}, {rounds} rounds")
-        r = asyncio.run(listen_fanout.measure(n, rounds))
-        rep.raw.append(r)
-        rep.rows.append([f"{n:,}", str(r["upstreams"]), str(r["complete"]), f"{r['open_s']:.1f}",
-                         f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}",
-                         f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}"])
-        if r["upstreams"] != 1:
-            rep.failures.append(f"N={n}: the backend held {r['upstreams']} upstream listens, "
-                                "expected 1")
-        if not r["complete"]:
-            rep.failures.append(f"N={n}: some clients missed notifications")
-        log(f"  N={n}: " + " ".join(f"{k}={v}" for k, v in zip(rep.header[1:], rep.rows[-1][1:])))
+        rounds = 3 if ctx.args.smoke else (20 if n <= 10_000 else 10)
+        for replicas in ((1,) if ctx.args.smoke else (1, 2)):
+            for label, tree in trees:  # trees back to back at each size: the same machine state
+                log(f"  listen fan-out N={n} {label} x{replicas}, {rounds} rounds")
+                r = None
+                for attempt in (1, 2):  # once more after a failure: free ports race other tenants
+                    try:
+                        r = asyncio.run(listen_fanout.measure(n, rounds, replicas=replicas, tree=tree,
+                                                              pinned=not ctx.args.no_pin, nice=ctx.args.nice))
+                        break
+                    except Exception as e:  # one failed size must not cost the others their figures
+                        log(f"  N={n} {label} x{replicas} attempt {attempt} FAILED: {type(e).__name__}: {e}")
+                        if attempt == 2:
+                            rep.failures.append(f"N={n} {label} x{replicas}: {type(e).__name__}: {e}")
+                if r is None:
+                    continue
+                r["gateway"] = label
+                rep.raw.append(r)
+                rep.rows.append([f"{n:,}", label, str(replicas), str(r["upstreams"]), str(r["complete"]),
+                                 f"{r['open_s']:.1f}",
+                                 f"{r['cpu_us_per_delivery']:.1f} ({r['user_us_per_delivery']:.1f}+"
+                                 f"{r['sys_us_per_delivery']:.1f})",
+                                 f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}",
+                                 f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}"])
+                if r["upstreams"] != 1:
+                    rep.failures.append(f"N={n} {label} x{replicas}: the backend held {r['upstreams']} "
+                                        "upstream listens, expected 1")
+                if not r["complete"]:
+                    rep.failures.append(f"N={n} {label} x{replicas}: some clients missed notifications")
+                log(f"  N={n}: " + " ".join(f"{k}={v}" for k, v in zip(rep.header[1:], rep.rows[-1][1:])))
     return rep
 
 
@@ -882,6 +977,12 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
     "cache-hit-redis": (wl_cache_hit_redis,
                         "tools/list from the Redis cache (real redis-server), local layer on "
                         "and off", False),
+    "cache-hit-redis-cluster": (wl_cache_hit_redis_cluster,
+                                "tools/list cache hits: standalone Redis vs a three-master Cluster, "
+                                "local layer on and off", False),
+    "listen-fanout-redis": (wl_listen_fanout_redis,
+                            "listen fan-out across two replicas: standalone Redis vs a three-master "
+                            "Cluster (bench/redis_fanout.py)", False),
     "aggregate-10": (wl_aggregate_10,
                      "tools/list merged from 10 backends x 5 tools vs 1 x 50, cache off", False),
     "routing-scale": (wl_routing_scale,
@@ -891,8 +992,9 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
                     "resources/read cache hits with 1e3..1e6 entries in the memory store",
                     False),
     "listen-fanout": (wl_listen_fanout,
-                      "subscriptions/listen to N = 1,000 and 10,000 streams: delivery p50/p99,"
-                      " RSS per stream (bench/listen_fanout.py)", False),
+                      "subscriptions/listen to N = 1,000, 10,000 and the descriptor limit, one gateway and"
+                      " two replicas over Redis: CPU per delivery, delivery p50/p99, RSS per stream"
+                      " (bench/listen_fanout.py)", False),
 }
 
 
@@ -1116,6 +1218,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGHUP, _raise_exit)
     lock = take_lock(a.lock_timeout)   # held until the process exits  # noqa: F841
+    # No load balancer in front of the targets: their SIGTERM should stop them at once, not
+    # keep accepting for a drain delay (trees without the setting ignore the variable).
+    os.environ.setdefault("MCP_GATEWAY_SERVER__DRAIN_DELAY_SECONDS", "0")
     ensure_tool("wrk", "wrk")
     ensure_tool("nginx", "nginx")
     info = machine()

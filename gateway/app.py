@@ -24,6 +24,7 @@ from starlette.middleware import Middleware
 from gateway import asgi, ops
 from gateway.endpoint import McpEndpoint
 from gateway.legacy_clients import LegacyClients
+from gateway.legacy_clients.fleet import fleet_from_settings
 from gateway.legacy_clients.sse_front import SseFront
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
@@ -41,8 +42,9 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.app")
 
 
-# Served beside the MCP endpoint; open even when auth.mode is jwt (k8s probes carry no token).
-OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics")
+# Served beside the MCP endpoint unless server.ops_port moves them to a listener of their own;
+# open even when auth.mode is jwt (k8s probes carry no token).
+OPERATIONAL_PATHS = ops.PATHS
 
 
 def pipeline(settings: GatewaySettings, rules: RuleSet | None = None) -> list[Middleware]:
@@ -56,7 +58,8 @@ def pipeline(settings: GatewaySettings, rules: RuleSet | None = None) -> list[Mi
     if settings.auth.mode == "jwt":
         # Probes and OAuth discovery carry no token: those paths stay open, every other path
         # (the MCP endpoint, and any route added later) needs one (docs/auth.md).
-        open_paths = (*OPERATIONAL_PATHS, *metadata_paths(settings.auth, server.path))
+        ops_here = OPERATIONAL_PATHS if server.ops_port is None else ()
+        open_paths = (*ops_here, *metadata_paths(settings.auth, server.path))
         steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths, mcp_path=server.path))
     else:
         steps.append(Middleware(NoAuth))
@@ -102,6 +105,8 @@ class GatewayApp:
             max_sessions=server.legacy_max_sessions,
             keepalive_seconds=server.keepalive_seconds,
             input_timeout_seconds=server.legacy_input_timeout_seconds,
+            # Sessions any replica serves (secret + Redis).
+            fleet=fleet_from_settings(settings, self.runtime.replica.owner),
         ) if server.legacy_clients else None
         endpoint = McpEndpoint(
             self.runtime.dispatcher,
@@ -109,12 +114,11 @@ class GatewayApp:
             keepalive_seconds=settings.server.keepalive_seconds,
             legacy_clients=self.legacy_clients,
         )
-        self.routes: dict[str, asgi.ASGIApp] = {
-            settings.server.path: endpoint,
-            "/healthz": ops.healthz,
-            "/readyz": ops.Readyz(self.runtime),
-            "/metrics": ops.metrics,
-        }
+        self.routes: dict[str, asgi.ASGIApp] = {settings.server.path: endpoint}
+        # With an operations listener the probes and metrics live there only (`ops_app`).
+        self.ops_app = ops.OpsApp(self.runtime.readiness)
+        if server.ops_port is None:
+            self.routes.update(self.ops_app.routes)
         # HTTP+SSE clients (2024-11-05) on their own two paths, served by the same legacy
         # sessions, behind the same pipeline (host, origin, auth, limits).
         self.sse_front: SseFront | None = None
@@ -130,9 +134,13 @@ class GatewayApp:
         self.app = wrap(self._route, pipeline(settings, self.runtime.rules))
 
     async def begin_shutdown(self) -> None:
-        """The server stopped accepting: long-lived streams end now, so the drain can finish."""
+        """The server stops accepting: long-lived streams end now, cleanly, so the drain can
+        finish instead of being held (and then cut) until the deadline: /sse streams,
+        initialize-era GET streams, and modern listens (their graceful-closure result)."""
         if self.sse_front is not None:
             self.sse_front.close_all()
+        if self.legacy_clients is not None:
+            self.legacy_clients.end_streams()
         await self.runtime.begin_shutdown()
 
     async def _route(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
@@ -155,6 +163,8 @@ class GatewayApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.runtime.start()
+                    if self.legacy_clients is not None:
+                        await self.legacy_clients.start()
                 except Exception as exc:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})

@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any
 
-from gateway import __version__
+from gateway import __version__, descriptors
 from gateway.settings import CONFIG_ENV, ConfigError, GatewaySettings, load_settings
 
 log = logging.getLogger("gateway")
@@ -74,28 +74,57 @@ def uvicorn_config(app: Any, settings: GatewaySettings, **overrides: Any) -> Any
     return uvicorn.Config(app, **options)
 
 
+class _StartupRefused(Exception):
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+
+
+def _bind_or_refuse(field: str, host: str, port: int) -> socket.socket:
+    try:
+        return _bind(host, port)
+    except OSError as exc:
+        raise _StartupRefused([(field, f"cannot listen on {host}:{port}: {exc.strerror or exc}")]) from None
+
+
 async def _serve(settings: GatewaySettings) -> None:
     import uvicorn
 
     from gateway.app import build_app
     from gateway.demo.backend import demo_app
+    from gateway.lifecycle import Lifecycle, Listener, run_until_stopped
+    from gateway.preflight import find_problems
 
-    servers: list[uvicorn.Server] = []
+    # Listen streams hold a descriptor each: take every one the hard limit allows.
+    descriptors.raise_soft_limit()
+    server_settings = settings.server
     demo_server = None
     if settings.demo or not settings.backends:
         demo_sock = _bind("127.0.0.1", 0)
         demo_port = demo_sock.getsockname()[1]
-        demo_server = uvicorn.Server(uvicorn.Config(demo_app, log_level="warning", lifespan="off"))
+        demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off"))
         settings = settings.model_copy(update={"backends": (
             *settings.backends,
             *GatewaySettings(backends=[{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp",
                                         "era": "modern"}]).backends,
         )})
         log.info("no backends configured: serving the bundled demo backend on 127.0.0.1:%d", demo_port)
+    try:
+        app = build_app(settings)
+    except Exception:
+        # The field-named problems check-config would print, not a traceback.
+        problems = await find_problems(settings)
+        raise _StartupRefused(problems or [("<start-up>", "building the gateway failed")]) from None
+    # Bind before anything starts: a port in use is a clear error, not a half-started process.
+    mcp_sock = _bind_or_refuse("server.port", server_settings.host, server_settings.port)
+    ops_sock = None
+    if server_settings.ops_port is not None:
+        ops_sock = _bind_or_refuse("server.ops_port", server_settings.ops_host or server_settings.host,
+                                   server_settings.ops_port)
+    demo_task = None
+    if demo_server is not None:
         demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock]))
-    app = build_app(settings)
 
-    class GatewayServer(uvicorn.Server):
+    class GatewayServer(Listener):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             # Everything alive now (modules, settings, the runtime) lives as long as the
@@ -110,22 +139,37 @@ async def _serve(settings: GatewaySettings) -> None:
                 discovery.add_done_callback(lambda _task: gc.freeze())
 
         async def shutdown(self, sockets: Any = None) -> None:
-            # Long-lived streams get their graceful end first, so the drain can finish.
+            # Stop accepting first, then give long-lived streams their clean end, so that the
+            # drain of in-flight requests can finish instead of waiting out the deadline.
+            for listener in getattr(self, "servers", ()):
+                listener.close()
             await app.begin_shutdown()
             await super().shutdown(sockets)
 
-    config = uvicorn_config(app, settings)
-    server = GatewayServer(config)
-    servers.append(server)
-    print(f"mcp-gateway {__version__} listening on http://{settings.server.host}:{settings.server.port}"
-          f"{settings.server.path} with {len(settings.backends)} backend(s): "
-          f"{', '.join(b.name for b in settings.backends)}", flush=True)
+    mcp = GatewayServer(uvicorn_config(app, settings))
+    ops_server = None
+    if ops_sock is not None:
+        ops_server = Listener(uvicorn_config(app.ops_app, settings, lifespan="off", access_log=False))
+    lifecycle = Lifecycle(app.runtime.readiness, drain_delay_seconds=server_settings.drain_delay_seconds)
+
+    def started() -> None:
+        ops_line = ""
+        if ops_sock is not None:
+            ops_host = server_settings.ops_host or server_settings.host
+            ops_line = f"; operations (/healthz, /readyz, /metrics) on http://{ops_host}:{ops_sock.getsockname()[1]}"
+        mcp_url = f"http://{server_settings.host}:{mcp_sock.getsockname()[1]}{server_settings.path}"
+        print(f"mcp-gateway {__version__} listening on {mcp_url} with {len(settings.backends)} backend(s): "
+              f"{', '.join(b.name for b in settings.backends)}{ops_line}", flush=True)
+
     try:
-        await server.serve()
+        await run_until_stopped(lifecycle, mcp, [mcp_sock], ops_server, [ops_sock] if ops_sock else [],
+                                on_started=started)
     finally:
-        if demo_server is not None:
+        # The embedded backend outlives the gateway's drain: in-flight calls need it.
+        if demo_server is not None and demo_task is not None:
             demo_server.should_exit = True
             await demo_task
+    log.info("stopped")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -146,7 +190,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    runner(_serve(settings))
+    try:
+        runner(_serve(settings))
+    except _StartupRefused as exc:
+        _print_problems(ConfigError(exc.problems))
+        return 2
     return 0
 
 
@@ -156,14 +204,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc)
         return 1
-    from gateway.backends import UnsupportedBackend, create_backend
+    from gateway.preflight import startup_problems
 
-    problems = []
-    for b in settings.backends:
-        try:
-            create_backend(b)
-        except UnsupportedBackend as exc:
-            problems.append((f"backends.{settings.backends.index(b)}", str(exc)))
+    # Everything serve builds at start-up, built here too: what passes never crashes serve.
+    problems = startup_problems(settings)
     if problems:
         _print_problems(ConfigError(problems))
         return 1
@@ -191,18 +235,20 @@ def cmd_cache_flush(args: argparse.Namespace) -> int:
     if settings is None:
         return 1
     from gateway.cache import admin
-    from gateway.cache.redis import redacted
+    from gateway.redis_client import plan_of
 
     if args.backend is not None and args.backend not in {b.name for b in settings.backends}:
         print(f"cache flush: no backend is named {args.backend!r} in the configuration", file=sys.stderr)
         return 1
     try:
-        removed = asyncio.run(admin.flush(settings.cache, args.backend))
+        removed = asyncio.run(admin.flush(settings.cache, args.backend, redis=settings.cache_redis(),
+                                          known_backends=tuple(b.name for b in settings.backends)))
     except admin.NotFlushable as exc:
         print(f"cache flush: {exc}", file=sys.stderr)
         return 1
     except admin.StoreUnavailable as exc:
-        print(f"cache flush: redis at {redacted(settings.cache.redis_url)} is unavailable: {exc}", file=sys.stderr)
+        shown = plan_of(settings.cache_redis()).describe()
+        print(f"cache flush: redis at {shown} is unavailable: {exc}", file=sys.stderr)
         return 1
     what = f"backend {args.backend!r}" if args.backend else "every backend"
     print(f"cache flushed for {what}: {removed} key(s) removed")
@@ -251,6 +297,28 @@ def cmd_pins(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"pins: cannot reach the pin store: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Exit 0 when this configuration's /healthz (on the ops listener when there is one)
+    answers 200: the image's HEALTHCHECK, and compose's, without a port written twice."""
+    import urllib.error
+    import urllib.request
+
+    settings = _load_or_print_problems(args.config)
+    if settings is None:
+        return 1
+    server = settings.server
+    host = (server.ops_host or server.host) if server.ops_port is not None else server.host
+    port = server.ops_port if server.ops_port is not None else server.port
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1" if host != "::" else "::1"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}{args.path}"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310 - our own loopback URL
+            ok = response.status == 200
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"healthcheck: {url}: {exc}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1
 
 
 def cmd_demo_backend(args: argparse.Namespace) -> int:
@@ -304,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("tool", nargs="?")
     p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
     p.set_defaults(func=cmd_pins)
+    p = sub.add_parser("healthcheck", help="exit 0 when the running gateway's /healthz answers 200")
+    p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
+    p.add_argument("--path", default="/healthz", help="/healthz (default) or /readyz")
+    p.add_argument("--timeout", type=float, default=2.0)
+    p.set_defaults(func=cmd_healthcheck)
 
     p = sub.add_parser("demo-backend", help="run the bundled demo MCP backend on its own")
     p.add_argument("--host", default="127.0.0.1")

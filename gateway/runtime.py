@@ -18,6 +18,7 @@ from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.routing.curation import Curation
 from gateway.routing.pins import Pins
+from gateway.readiness import BackendStates, ReadinessChecks
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
 from gateway.subscriptions import build_hub
@@ -39,7 +40,7 @@ class Runtime:
             max_uris=settings.server.max_resource_uris,
         )
         self.table.pins = Pins.from_settings(settings, on_change=self._pins_changed)
-        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache)
+        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
         self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
         # Governance, compiled once (docs/governance.md): None when not configured.
         self.rules = RuleSet.from_settings(settings)
@@ -48,6 +49,10 @@ class Runtime:
                                      rate_limits=self.rate_limits)
         self._discovery: asyncio.Task[None] | None = None
         self.shutting_down = False
+        # What /readyz reads: kept by background checks, never probed on the request.
+        self.readiness = BackendStates((b.name for b in self.backends), settings.server.readiness)
+        self.readiness_checks = ReadinessChecks(self.readiness, self.backends,
+                                                settings.server.readiness_interval_seconds)
 
     def _pins_changed(self) -> None:
         # What is withheld changed: no kept aggregated list may be reused (cache/assembled.py).
@@ -62,6 +67,8 @@ class Runtime:
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
+        # Their first round joins that discovery (Backend.discover runs one at a time).
+        self.readiness_checks.start()
 
     async def discover_all(self, timeout: float = 10.0) -> None:
         async def one(backend: Backend) -> None:
@@ -87,6 +94,7 @@ class Runtime:
         await self.hub.begin_shutdown()
 
     async def aclose(self) -> None:
+        await self.readiness_checks.aclose()
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
         await self.hub.aclose()
@@ -96,19 +104,3 @@ class Runtime:
         if self.table.pins is not None:
             await self.table.pins.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
-
-    async def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when at least one backend answers discovery (a fleet keeps serving with some
-        backends down; a sidecar's single backend decides alone)."""
-        report: dict[str, Any] = {}
-
-        async def probe(backend: Backend) -> None:
-            try:
-                await asyncio.wait_for(backend.discover(max_age=10.0), 2.0)
-                report[backend.name] = "ok"
-            except (rpc.McpError, TimeoutError) as exc:
-                report[backend.name] = getattr(exc, "message", None) or "timeout"
-
-        await asyncio.gather(*(probe(b) for b in self.backends))
-        ready = not self.shutting_down and any(v == "ok" for v in report.values())
-        return ready, report

@@ -22,10 +22,27 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from gateway import config_env
 
 ENV_PREFIX = "MCP_GATEWAY_"
 CONFIG_ENV = "MCP_GATEWAY_CONFIG"
+
+
+class FieldError(ValueError):
+    """A cross-field rule broken at `field` (a dotted path below the model that checks it), so
+    that the error names the field to fix, not just the section."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _Frozen(BaseModel):
@@ -65,6 +82,31 @@ class ServerSettings(_Frozen):
     # stream, messages are POSTed to "<this>/messages" (docs/legacy-clients.md). None: off.
     # Needs legacy_clients.
     legacy_sse_path: str | None = "/sse"
+    # -- operations and lifecycle (docs/deploy.md) --
+    # The operations listener: when set, /healthz, /readyz and /metrics are served on this
+    # port only, without the Host, Origin and authentication checks of the MCP listener (the
+    # kubelet and Prometheus send `Host: <pod IP>`), and the MCP listener no longer serves them.
+    ops_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    # Its address; None: the same as `host`.
+    ops_host: str | None = None
+    # What /readyz requires of the backends, as last seen by the background checks: "any" (at
+    # least one answers: one sick backend never takes a fleet out of its Service), "all" (a
+    # sidecar's own server), "none" (the process alone), or a number N (at least N answer).
+    readiness: Literal["any", "all", "none"] | int = "any"
+    # How often each backend's background check refreshes its discovery (and so its state).
+    readiness_interval_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # On SIGTERM /readyz turns 503 at once and the listener keeps accepting this long, so that
+    # load balancers stop sending first; then the graceful shutdown begins. SIGINT skips it.
+    drain_delay_seconds: Annotated[float, Field(ge=0)] = 5.0
+
+    @field_validator("readiness", mode="before")
+    @classmethod
+    def _readiness(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)  # from the environment
+        if v in ("any", "all", "none") or (type(v) is int and v >= 1):
+            return v
+        raise ValueError(f"{v!r}: must be 'any', 'all', 'none' or a number of backends (>= 1)")
 
     @field_validator("path", "legacy_sse_path")
     @classmethod
@@ -79,7 +121,12 @@ class ServerSettings(_Frozen):
     def _distinct_paths(self) -> ServerSettings:
         sse = self.legacy_sse_path
         if sse is not None and self.path in (sse, f"{sse.rstrip('/')}/messages"):
-            raise ValueError(f"legacy_sse_path {sse!r} and its /messages must differ from path {self.path!r}")
+            raise FieldError("legacy_sse_path",
+                             f"legacy_sse_path {sse!r} and its /messages must differ from path {self.path!r}")
+        if self.ops_port is not None and self.ops_port == self.port and self.port != 0 and (
+                self.ops_host or self.host) == self.host:
+            raise FieldError("ops_port", f"ops_port {self.ops_port} is the MCP port: the operations listener "
+                                         "needs a port of its own (or leave ops_port unset)")
         return self
 
     @field_validator("allowed_origins")
@@ -121,6 +168,20 @@ class CurationSettings(_Frozen):
             if new in self.rename and new != own:
                 raise ValueError(f"rename.{own}: {new!r} is itself renamed; a name can be renamed once")
         return self
+class RootSettings(_Frozen):
+    """One root an initialize-era backend is told about when it asks `roots/list` outside a
+    client request (legacy schema `Root`: a `file://` URI and an optional display name)."""
+
+    uri: str
+    name: str | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _file_uri(cls, v: str) -> str:
+        # 2025-11-25 schema Root.uri: "This *must* start with file:// for now."
+        if not v.startswith("file://"):
+            raise ValueError(f"{v!r} is not a file:// URI (a root must be one)")
+        return v
 
 
 class BackendSettings(_Frozen):
@@ -187,6 +248,10 @@ class BackendSettings(_Frozen):
     # Pinned tool definitions (routing/pins.py): a tool whose definition changes after it was
     # first seen is logged and counted (warn) or withheld until `pins accept` (block).
     pin: Literal["off", "warn", "block"] = "off"
+    # Initialize-era backends that ask `roots/list` outside any client request (at start-up,
+    # say) get these; empty: an empty list. Asked during a client's call, the question goes
+    # to that client (MRTR) as before. docs/legacy.md "Roots".
+    roots: tuple[RootSettings, ...] = ()
 
     @field_validator("url")
     @classmethod
@@ -208,13 +273,15 @@ class BackendSettings(_Frozen):
     @model_validator(mode="after")
     def _one_transport(self) -> BackendSettings:
         if (self.url is None) == (self.command is None):
-            raise ValueError("set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
+            raise FieldError("url", "set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
         if self.transport != "auto" and self.url is None:
-            raise ValueError("'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
+            raise FieldError("transport", "'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
         if self.transport == "sse" and self.era == "modern":
             raise ValueError("transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: era must be 'legacy' or 'auto'")
         if self.resources is not None and (self.resources.rename or self.resources.descriptions):
             raise ValueError("resources: only include and exclude apply (URIs are not renamed)")
+            raise FieldError("era", "transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: "
+                                    "era must be 'legacy' or 'auto'")
         return self
 
 
@@ -238,9 +305,73 @@ class CacheRule(_Frozen):
     force_private: bool | None = None
 
 
+# -- Redis ---------------------------------------------------------------------------------
+
+
+class SecretSource(_Frozen):
+    """Where a secret comes from instead of the config file: `{env: VAR}` or `{file: path}`.
+    A small local form until the project has its own secret type (issue 20)."""
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretSource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("set exactly one of 'env' (a variable name) or 'file' (a path)")
+        return self
+
+
+class RedisSettings(_Frozen):
+    """One Redis deployment, in any shape (docs/scale.md): a URL, or explicit `sentinels` +
+    `service_name`, or `cluster: true` + seed `nodes`. The rules live in
+    gateway/redis_client/plan.py, so check-config and serve apply the same ones."""
+
+    # A URL may carry a password: validation errors never echo the input.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    # redis:// rediss:// unix:// | redis+sentinel://h1:26379,h2:26379/service/db |
+    # redis+cluster://h1:6379,h2:6379. Unset: redis://127.0.0.1:6379/0 unless the explicit
+    # forms below are used.
+    url: str | None = None
+    sentinels: tuple[str, ...] = ()  # host:port of each Sentinel
+    service_name: str | None = None  # the master's name in Sentinel
+    cluster: bool = False
+    nodes: tuple[str, ...] = ()  # Cluster seed nodes (host:port); the rest are discovered
+    db: Annotated[int, Field(ge=0)] | None = None
+    username: str | None = None
+    password: SecretStr | SecretSource | None = None
+    # Sentinel's own credentials, when the Sentinels require them (often not the data nodes').
+    sentinel_username: str | None = None
+    sentinel_password: SecretStr | SecretSource | None = None
+    # TLS: on with rediss:// (or tls: true); ca_file verifies the server, cert/key for mTLS.
+    tls: bool | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def __repr_args__(self) -> Any:
+        from gateway.redis_client.plan import redacted
+
+        for name, value in super().__repr_args__():
+            yield name, (redacted(value) if name == "url" and isinstance(value, str) else value)
+
+    @model_validator(mode="after")
+    def _plan(self) -> RedisSettings:
+        from gateway.redis_client.plan import plan_of
+
+        plan_of(self)  # raises ValueError naming what is wrong
+        return self
+
+
 class CacheSettings(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
+
     store: Literal["memory", "redis", "none"] = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # The cache's own Redis; unset: the top-level `redis:` block. `redis_url` is the short
+    # form of `redis: {url: ...}`, kept for existing configs.
+    redis: RedisSettings | None = None
+    redis_url: str | None = None
     # Prefix of every Redis key and the invalidation channel; replicas sharing a cache share it.
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # The in-memory store (store: memory): LRU bounded by entry count and by encoded bytes.
@@ -275,13 +406,14 @@ class CacheSettings(_Frozen):
 
     @model_validator(mode="after")
     def _bounds(self) -> CacheSettings:
+        _one_redis(self.redis, self.redis_url)
         if self.min_ttl_ms > self.max_ttl_ms:
-            raise ValueError(f"min_ttl_ms ({self.min_ttl_ms}) is above max_ttl_ms ({self.max_ttl_ms})")
+            raise FieldError("min_ttl_ms", f"min_ttl_ms ({self.min_ttl_ms}) is above max_ttl_ms ({self.max_ttl_ms})")
         for i, rule in enumerate(self.rules):
             low = rule.min_ttl_ms if rule.min_ttl_ms is not None else self.min_ttl_ms
             high = rule.max_ttl_ms if rule.max_ttl_ms is not None else self.max_ttl_ms
             if low > high:
-                raise ValueError(f"rules.{i}: min_ttl_ms ({low}) is above max_ttl_ms ({high})")
+                raise FieldError(f"rules.{i}.min_ttl_ms", f"min_ttl_ms ({low}) is above max_ttl_ms ({high})")
         return self
 
 
@@ -356,6 +488,8 @@ class ObservabilitySettings(_Frozen):
 class SubscriptionSettings(_Frozen):
     """The subscriptions/listen hub (docs/subscriptions.md)."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
+
     # Client listen streams one replica accepts, in total and per principal.
     max_listens: Annotated[int, Field(gt=0)] = 10_000
     max_listens_per_principal: Annotated[int, Field(gt=0)] = 1_000
@@ -370,11 +504,46 @@ class SubscriptionSettings(_Frozen):
     reconnect_initial_seconds: Annotated[float, Field(gt=0)] = 0.2
     reconnect_max_seconds: Annotated[float, Field(gt=0)] = 15.0
     # Redis for fan-out across replicas and the election of one holder per upstream stream.
-    # Unset: cache.redis_url when cache.store is redis; otherwise each replica works alone.
+    # Unset: the top-level `redis:` block when it is set or cache.store is redis (the cache's
+    # own Redis then); otherwise each replica works alone. `redis_url`: short form.
+    redis: RedisSettings | None = None
     redis_url: str | None = None
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
     lease_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Backends that cannot listen (listen refused, or an ack that honours less than asked):
+    # the stream's holder polls their lists and subscribed resources instead, each every
+    # ttlMs of its last answer, bounded by these, and notifies on a change
+    # (docs/subscriptions.md "Backends without listen"). false: such backends stay silent.
+    poll_fallback: bool = True
+    poll_min_seconds: Annotated[float, Field(gt=0)] = 5.0
+    poll_max_seconds: Annotated[float, Field(gt=0)] = 300.0
+
+    @model_validator(mode="after")
+    def _poll_bounds(self) -> SubscriptionSettings:
+        if self.poll_max_seconds < self.poll_min_seconds:
+            raise ValueError(f"poll_max_seconds ({self.poll_max_seconds:g}) must be at least poll_min_seconds "
+                             f"({self.poll_min_seconds:g})")
+        return self
+
+    @model_validator(mode="after")
+    def _redis(self) -> SubscriptionSettings:
+        _one_redis(self.redis, self.redis_url)
+        return self
+
+
+def _one_redis(block: RedisSettings | None, url: str | None) -> None:
+    if block is not None and url is not None:
+        raise ValueError("set 'redis' or its short form 'redis_url', not both")
+    if url is not None:
+        RedisSettings(url=url)  # the same rules as the block
+
+
+def section_redis(block: RedisSettings | None, url: str | None) -> RedisSettings | None:
+    """A section's own Redis: its `redis` block, or its `redis_url` short form; None: neither."""
+    if block is not None:
+        return block
+    return RedisSettings(url=url) if url is not None else None
 
 
 # -- governance: authorization rules and rate limits (docs/governance.md) -------------------
@@ -441,7 +610,9 @@ class PinSettings(_Frozen):
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True,
+        # Inputs may hold secrets (a Redis URL's password, an HMAC key): errors never echo them.
+        hide_input_in_errors=True,
     )
 
     server: ServerSettings = ServerSettings()
@@ -454,6 +625,8 @@ class GatewaySettings(BaseSettings):
     authorization: AuthorizationSettings = AuthorizationSettings()
     rate_limits: tuple[RateLimit, ...] = ()
     pins: PinSettings = PinSettings()
+    # The Redis every section shares unless it names its own (docs/scale.md).
+    redis: RedisSettings = RedisSettings()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
     demo: bool = False
 
@@ -467,22 +640,35 @@ class GatewaySettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init kwargs; the environment overrides it, key by key.
-        return (env_settings, init_settings)
+        # Per-backend keys (MCP_GATEWAY_BACKENDS__0__...) are applied to the file's list by
+        # load_settings (config_env), not read as a section of their own here.
+        return (_EnvWithoutBackendKeys(settings_cls), init_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit_backends(cls, data: Any) -> Any:
+        # Only an absent section means "the demo backend": an explicit empty list is a
+        # mistake (a templated list that rendered empty), not a request for demo tools.
+        if isinstance(data, dict) and "backends" in data and data["backends"] in ([], ()):
+            raise FieldError("backends", "is empty: declare at least one backend, or remove the section "
+                                         "(or set demo: true) to serve the bundled demo backend")
+        return data
 
     @model_validator(mode="after")
     def _fleet(self) -> GatewaySettings:
         names = [b.name for b in self.backends]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"backend names must be unique; repeated: {', '.join(dupes)}")
+            at = next(i for i, n in enumerate(names) if n in dupes and names.index(n) != i)
+            raise FieldError(f"backends.{at}.name", f"backend names must be unique; repeated: {', '.join(dupes)}")
         for i, rule in enumerate(self.cache.rules):
             if rule.backend is not None and rule.backend not in names:
-                raise ValueError(f"cache.rules.{i}.backend: no backend is named {rule.backend!r}")
+                raise FieldError(f"cache.rules.{i}.backend", f"no backend is named {rule.backend!r}")
         prefixes = [self.prefix_of(b) for b in self.backends]
         for i, p in enumerate(prefixes):
             for j, q in enumerate(prefixes):
                 if i < j and (p.startswith(q) or q.startswith(p)) and len(self.backends) > 1:
-                    raise ValueError(
+                    raise FieldError(f"backends.{j}.prefix", 
                         f"backends {self.backends[i].name!r} and {self.backends[j].name!r} have overlapping name "
                         f"prefixes {p!r} and {q!r}: a tool name could not be routed unambiguously"
                     )
@@ -494,10 +680,30 @@ class GatewaySettings(BaseSettings):
         check_rate_limits(self)
         return self
 
+    def cache_redis(self) -> RedisSettings:
+        """The cache's Redis: its own, else the shared block."""
+        return section_redis(self.cache.redis, self.cache.redis_url) or self.redis
+
+    def bus_redis(self) -> RedisSettings | None:
+        """The listen bus's Redis, or None: each replica alone (docs/subscriptions.md)."""
+        own = section_redis(self.subscriptions.redis, self.subscriptions.redis_url)
+        if own is not None:
+            return own
+        if self.cache.store == "redis":
+            return self.cache_redis()
+        return self.redis if "redis" in self.model_fields_set else None
+
     def prefix_of(self, backend: BackendSettings) -> str:
         if backend.prefix is not None:
             return backend.prefix
         return "" if len(self.backends) == 1 else f"{backend.name}__"
+
+
+class _EnvWithoutBackendKeys(EnvSettingsSource):
+    def _load_env_vars(self) -> Any:
+        loaded = super()._load_env_vars()
+        skip = {name.lower() for name in config_env.backend_overrides(os.environ)}
+        return {k: v for k, v in loaded.items() if k.lower() not in skip}
 
 
 class ConfigError(Exception):
@@ -524,15 +730,30 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             raise ConfigError([("<file>", f"{path} must hold a mapping at the top level")])
         data = loaded
     data.update(overrides)
+    environ = os.environ
+    problems = config_env.check(environ, GatewaySettings) or config_env.apply_backend_overrides(
+        data, environ, BackendSettings)
+    if problems:
+        raise ConfigError(problems)
     try:
         return GatewaySettings(**data)
     except ValidationError as exc:
-        raise ConfigError(
-            [(".".join(str(p) for p in err["loc"]) or "<root>", err["msg"]) for err in exc.errors()]
-        ) from None
+        raise ConfigError([_located(err) for err in exc.errors()]) from None
     except SettingsError as exc:
         # An environment variable that names a whole section (MCP_GATEWAY_CACHE=...) must
         # hold JSON; say which one instead of a traceback.
         raise ConfigError([("<environment>", f"{exc} (variables named {ENV_PREFIX}<SECTION> must hold a "
                                               f"JSON object; set single keys as {ENV_PREFIX}<SECTION>__<KEY>)")]
                           ) from None
+
+
+def _located(err: Any) -> tuple[str, str]:
+    """(field path, message) of one validation error; a FieldError names its own field below
+    the model that raised it."""
+    loc = [str(p) for p in err["loc"]]
+    msg = err["msg"]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        loc += cause.field.split(".")
+        msg = str(cause)
+    return ".".join(loc) or "<root>", msg

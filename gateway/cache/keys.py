@@ -14,8 +14,10 @@ request whose method or parameters differ. The key therefore covers (digest §e)
   hashed again together with everything above: two principals never share a private key,
   whatever cursor or URI they present.
 
-The readable parts (`<prefix>:<backend>:pub|prv:`) are there for operators and for
-`cache flush --backend`; uniqueness comes from the SHA-256 over a structured encoding, so no
+The readable parts (`{<prefix>:cache:<backend>}:pub|prv:`) are there for operators and for
+`cache flush --backend`. The braces are a Redis Cluster hash tag: every key of one backend
+(entries, locks, tag sets, generations) shares a slot, so the multi-key lookups and scripts
+of cache/redis.py work on Cluster; backends spread over the masters (docs/scale.md); uniqueness comes from the SHA-256 over a structured encoding, so no
 choice of names or params can make two different requests collide short of a hash collision.
 """
 
@@ -71,6 +73,11 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(encoded).hexdigest()
 
 
+def backend_slot(prefix: str, backend: str) -> str:
+    """The hash-tagged start of every key of `backend` (one Redis Cluster slot)."""
+    return "{" + f"{prefix}:cache:{backend}" + "}"
+
+
 def request_keys(
     prefix: str,
     backend: str,
@@ -81,15 +88,16 @@ def request_keys(
     principal: str | None,
 ) -> RequestKeys:
     base = _digest([_FORMAT, backend, method, version, route_fingerprint, canonical_params(params)])
+    slot = backend_slot(prefix, backend)
     private = None
     if principal is not None:
         # Hash the principal with the request: the private key reveals neither.
-        private = f"{prefix}:{backend}:prv:{_digest([base, principal])}"
+        private = f"{slot}:prv:{_digest([base, principal])}"
     return RequestKeys(
         base=base,
-        public=f"{prefix}:{backend}:pub:{base}",
+        public=f"{slot}:pub:{base}",
         private=private,
-        lock=f"{prefix}:lock:{base}",
+        lock=f"{slot}:lock:{base}",
     )
 
 
@@ -113,6 +121,13 @@ def read_tag(backend: str, uri: str) -> str:
 
 def backend_tag(backend: str) -> str:
     return f"backend:{backend}"
+
+
+def backend_of_tag(tag: str) -> str:
+    """The backend a tag belongs to (every tag above is `<kind>:<backend>[:...]`); any other
+    tag is a group of its own."""
+    parts = tag.split(":", 2)
+    return parts[1] if len(parts) > 1 else tag
 
 
 def tags_for(backend: str, method: str, params: Mapping[str, Any]) -> tuple[str, ...]:

@@ -7,10 +7,16 @@
   byte says which.
 - Invalidations delete the tagged entries and are published on `<prefix>:invalidate`, so that
   every replica's in-process layer (layered.py) drops its copies too.
-- Each invalidation first increments a generation key per tag (`<prefix>:gen:<tag>`). A fill
+- Each invalidation first increments a generation key per tag (`{<prefix>:cache:<backend>}:gen:<tag>`). A fill
   reads its tags' generations before asking the backend (`mark`, one `MGET`, on the miss path
   only) and its store is a script that writes only if they are unchanged: an answer fetched
   before an invalidation, on any replica, is never stored after it. Lookups stay one `MGET`.
+
+Every key of one backend carries the same hash tag (keys.py `backend_slot`): a lookup's
+`MGET`, a store's script and an invalidation's pipeline each stay in one slot, which is what
+Redis Cluster needs; an invalidation of several backends' tags is split per backend. The
+"flush everything" generation is kept per backend for the same reason. On Cluster the
+invalidation channel is sharded (SPUBLISH/SSUBSCRIBE).
 
 Failure is never the request's problem: any Redis error or a command slower than `timeout`
 raises `StoreUnavailable` (the caller bypasses the cache), counts a metric, logs at most one
@@ -22,24 +28,22 @@ the subscriber loop reconnects on its own with backoff.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from gateway.cache.entry import Entry, StoreUnavailable
-from gateway.cache.keys import backend_tag
+from gateway.cache.keys import backend_of_tag, backend_slot, backend_tag
 from gateway.observability import metrics
-from gateway.redis_pubsub import close_subscription, subscribe_forever
+from gateway.redis_client.clients import FAILURES, brief, client_for, publish, warm_up
+from gateway.redis_client.plan import RedisPlan
+from gateway.redis_client.pubsub import close_subscription, subscribe_forever
 
 log = logging.getLogger("gateway.cache.redis")
 
@@ -70,18 +74,6 @@ RemoteDrop = Callable[[Sequence[str] | None], None]
 """Called with the tags another replica (or this one) invalidated; None means everything."""
 
 
-def redacted(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
-
-
 def encode_value(encoded: bytes, compress_above: int) -> bytes:
     if len(encoded) > compress_above:
         return _ZLIB + zlib.compress(encoded, 6)
@@ -103,7 +95,7 @@ class RedisStore:
 
     def __init__(
         self,
-        url: str,
+        plan: RedisPlan,
         *,
         prefix: str,
         timeout_ms: int,
@@ -111,27 +103,18 @@ class RedisStore:
         compress_above: int,
         tag_ttl_ms: int,
     ) -> None:
-        self.url = url
+        self.plan = plan
+        self.shown = plan.describe()  # for logs: never the password
         self.prefix = prefix
         self.channel = f"{prefix}:invalidate"
         self.timeout = timeout_ms / 1000
         self.retry_seconds = retry_seconds
         self.compress_above = compress_above
         self.tag_ttl_ms = tag_ttl_ms
-        no_retry = Retry(NoBackoff(), 0)  # a retry would only make the request wait longer
-        self.client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=self.timeout,
-            socket_connect_timeout=self.timeout,
-            retry=no_retry,
-        )
+        # No retries: a retry would only make the request wait longer.
+        self.client = client_for(plan, timeout=self.timeout, connect_timeout=self.timeout)
         # The subscriber waits for messages indefinitely: no read timeout, keep-alives on.
-        self._sub_client = aioredis.Redis.from_url(
-            url,
-            socket_connect_timeout=max(self.timeout, 1.0),
-            socket_keepalive=True,
-            retry=no_retry,
-        )
+        self._sub_client = client_for(plan, timeout=None, connect_timeout=max(self.timeout, 1.0), keepalive=True)
         self._unlock = self.client.register_script(_UNLOCK)
         self._put_if_unchanged = self.client.register_script(_PUT_IF_UNCHANGED)
         # This process's view of invalidations (its own and those heard on the channel), for
@@ -141,6 +124,7 @@ class RedisStore:
         self._down_until = 0.0
         self._warned_at = float("-inf")
         self._listener: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self.on_remote_drop: RemoteDrop | None = None
         self.on_resync: Callable[[], None] | None = None
 
@@ -153,17 +137,17 @@ class RedisStore:
     async def _run(self, operation: str, work: Callable[[], Awaitable[T]], timeout: float | None = None) -> T:
         if not self.available:
             raise StoreUnavailable(
-                f"redis at {redacted(self.url)}: waiting {self.retry_seconds:g}s after a failure"
+                f"redis at {self.shown}: waiting {self.retry_seconds:g}s after a failure"
             )
         try:
             async with asyncio.timeout(timeout or self.timeout):
                 return await work()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (*FAILURES, TimeoutError) as exc:
             self._down_until = time.monotonic() + self.retry_seconds
             metrics.CACHE_STORE_ERRORS.labels("redis", operation).inc()
             self._warn(
-                f"redis cache at {redacted(self.url)} failed ({operation}: "
-                f"{type(exc).__name__}: {exc or 'timeout'}); requests bypass the cache"
+                f"redis cache at {self.shown} failed ({operation}: "
+                f"{type(exc).__name__}: {brief(exc) if str(exc) else 'timeout'}); requests bypass the cache"
             )
             raise StoreUnavailable(str(exc)) from None
 
@@ -175,11 +159,24 @@ class RedisStore:
 
     # -- entries ----------------------------------------------------------------------------
 
+    def _slot(self, tag: str) -> str:
+        return backend_slot(self.prefix, backend_of_tag(tag))
+
     def _tag_key(self, tag: str) -> str:
-        return f"{self.prefix}:tag:{tag}"
+        return f"{self._slot(tag)}:tag:{tag}"
 
     def _gen_key(self, tag: str) -> str:
-        return f"{self.prefix}:gen:{tag}"
+        return f"{self._slot(tag)}:gen:{tag}"
+
+    def _all_gen_key(self, backend: str) -> str:
+        return f"{backend_slot(self.prefix, backend)}:gen:{_ALL}"
+
+    def _gen_keys(self, tags: Sequence[str]) -> list[str]:
+        """The generations a fill of `tags` (all of one backend) depends on: the backend's
+        flush-everything one, then one per tag."""
+        if not tags:
+            return []
+        return [self._all_gen_key(backend_of_tag(tags[0])), *(self._gen_key(t) for t in tags)]
 
     def generation(self, tags: Sequence[str]) -> tuple[int, ...]:
         return (self._local_epoch, *(self._local_generations.get(t, 0) for t in tags))
@@ -196,7 +193,9 @@ class RedisStore:
 
     async def mark(self, tags: Sequence[str]) -> tuple[str, ...]:
         """The shared generations of `tags` now ('' where none was ever bumped)."""
-        gen_keys = [self._gen_key(t) for t in (_ALL, *tags)]
+        gen_keys = self._gen_keys(tags)
+        if not gen_keys:
+            return ()
         found = await self._run("mark", lambda: self.client.mget(gen_keys))
         return tuple(v.decode() if v is not None else "" for v in found)
 
@@ -226,7 +225,7 @@ class RedisStore:
         """Store the entry; with `since` (from `mark`), only if no tag was invalidated since."""
         value = encode_value(encoded, self.compress_above)
         if since is not None:
-            gen_keys = [self._gen_key(t) for t in (_ALL, *tags)]
+            gen_keys = self._gen_keys(tags)
             keys = [key, *gen_keys, *(self._tag_key(t) for t in tags)]
             args = [value, keep_ms, len(gen_keys), self.tag_ttl_ms, *since]
             return bool(await self._run("put", lambda: self._put_if_unchanged(keys=keys, args=args)))
@@ -244,8 +243,10 @@ class RedisStore:
         return True
 
     async def drop(self, tags: Sequence[str]) -> int:
-        tag_keys = [self._tag_key(t) for t in tags]
         self._bump_local(tags)
+        by_backend: dict[str, list[str]] = {}
+        for tag in tags:
+            by_backend.setdefault(backend_of_tag(tag), []).append(tag)
 
         async def work() -> int:
             pipe = self.client.pipeline(transaction=False)
@@ -254,44 +255,58 @@ class RedisStore:
             for tag in tags:
                 pipe.incr(self._gen_key(tag))
                 pipe.pexpire(self._gen_key(tag), self.tag_ttl_ms)
-            for tag_key in tag_keys:
-                pipe.smembers(tag_key)
-            members: set[bytes] = set()
-            for found in (await pipe.execute())[2 * len(tags):]:
-                members.update(found)
+            for tag in tags:
+                pipe.smembers(self._tag_key(tag))
+            found = (await pipe.execute())[2 * len(tags):]
+            members: dict[str, set[bytes]] = {}
+            for tag, keys in zip(tags, found, strict=True):
+                members.setdefault(backend_of_tag(tag), set()).update(keys)
             pipe = self.client.pipeline(transaction=False)
-            if members:
-                pipe.unlink(*members)
-            pipe.unlink(*tag_keys)
-            pipe.publish(self.channel, orjson.dumps({"tags": list(tags)}))
+            # One UNLINK per backend: each stays in its backend's slot.
+            removing = [b for b in by_backend if members.get(b)]
+            for backend in removing:
+                pipe.unlink(*members[backend])
+            for backend, group in by_backend.items():
+                pipe.unlink(*(self._tag_key(t) for t in group))
             results = await pipe.execute()
-            return int(results[0]) if members else 0
+            await publish(self.client, self.channel, orjson.dumps({"tags": list(tags)}))
+            return sum(int(r) for r in results[:len(removing)])
 
         return await self._run("drop", work)
 
-    async def flush(self, backend: str | None = None) -> int:
+    async def flush(self, backend: str | None = None, known_backends: Sequence[str] = ()) -> int:
         """The operator path: every entry (of one backend), found by key pattern as well as by
-        tag, so that nothing survives a lost tag set."""
-        pattern = f"{self.prefix}:{backend}:*" if backend else f"{self.prefix}:*"
+        tag, so that nothing survives a lost tag set. Flushing everything bumps the generation
+        of every backend found in the keyspace and of every one in `known_backends` (the
+        configured fleet), so that no fill in flight stores an answer from before the flush."""
+        pattern = f"{backend_slot(self.prefix, backend)}:*" if backend else "{" + f"{self.prefix}:cache:*"
 
         async def work() -> int:
             removed = 0
-            batch: list[bytes] = []
+            seen: set[str] = set()
+            batch: dict[str, list[bytes]] = {}
             async for key in self.client.scan_iter(match=pattern, count=1000):
-                batch.append(key)
-                if len(batch) >= 1000:
-                    removed += await self.client.unlink(*batch)
-                    batch = []
-            if batch:
-                removed += await self.client.unlink(*batch)
+                slot = key[:key.index(b"}") + 1].decode() if b"}" in key else ""
+                seen.add(slot)
+                if key.startswith(f"{slot}:gen:".encode()):
+                    continue  # generations only ever grow: a fill in flight compares against them
+                group = batch.setdefault(slot, [])
+                group.append(key)
+                if len(group) >= 1000:
+                    removed += await self.client.unlink(*group)
+                    group.clear()
+            for group in batch.values():
+                if group:
+                    removed += await self.client.unlink(*group)
             if backend:
-                removed += await self.client.unlink(self._tag_key(backend_tag(backend)))
-                await self.client.incr(self._gen_key(backend_tag(backend)))
-                payload = {"tags": [backend_tag(backend)]}
+                await self.client.incr(self._all_gen_key(backend))
+                payload: dict[str, Any] = {"tags": [backend_tag(backend)]}
             else:
-                await self.client.incr(self._gen_key(_ALL))
+                slots = seen | {backend_slot(self.prefix, b) for b in known_backends}
+                for slot in sorted(s for s in slots if s):
+                    await self.client.incr(f"{slot}:gen:{_ALL}")
                 payload = {"all": True}
-            await self.client.publish(self.channel, orjson.dumps(payload))
+            await publish(self.client, self.channel, orjson.dumps(payload))
             return removed
 
         # A flush walks the keyspace: it gets more time than a lookup.
@@ -313,6 +328,7 @@ class RedisStore:
     # -- invalidation subscriber ---------------------------------------------------------------
 
     async def start(self) -> None:
+        self._warming = asyncio.create_task(warm_up(self.client), name="cache-redis-warm-up")
         self._listener = asyncio.create_task(self._listen(), name="cache-invalidations")
 
     async def _listen(self) -> None:
@@ -326,8 +342,8 @@ class RedisStore:
         def on_error(exc: BaseException) -> None:
             metrics.CACHE_STORE_ERRORS.labels("redis", "subscribe").inc()
             self._warn(
-                f"redis cache at {redacted(self.url)}: invalidation channel lost "
-                f"({type(exc).__name__}: {exc}); reconnecting"
+                f"redis cache at {self.shown}: invalidation channel lost "
+                f"({type(exc).__name__}: {brief(exc)}); reconnecting"
             )
 
         await subscribe_forever(self._sub_client, self.channel, on_message=self._received,
@@ -350,4 +366,8 @@ class RedisStore:
             self.on_remote_drop(tags)
 
     async def aclose(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming
         await close_subscription(self._listener, self.client, self._sub_client)

@@ -268,9 +268,17 @@ class RateLimits:
             return None
         limits = tuple(compile_limit(i, limit) for i, limit in enumerate(settings.rate_limits))
         cache = settings.cache
-        shared = RedisBuckets.from_url(cache.redis_url, prefix=cache.key_prefix,
-                                       timeout_seconds=cache.redis_timeout_ms / 1000) \
-            if cache.store == "redis" else None
+        shared = None
+        if cache.store == "redis":
+            # The cache's Redis, through the shared client module (standalone, Sentinel,
+            # Cluster: docs/scale.md); the bucket keys are hash-tagged for Cluster.
+            from gateway.cache.factory import redis_of
+            from gateway.redis_client.clients import client_for
+            from gateway.redis_client.plan import plan_of
+
+            timeout = cache.redis_timeout_ms / 1000
+            client = client_for(plan_of(redis_of(cache, settings.redis)), timeout=timeout, connect_timeout=timeout)
+            shared = RedisBuckets(client, prefix=cache.key_prefix, timeout_seconds=timeout)
         return cls(limits, shared=shared, retry_seconds=cache.redis_retry_seconds)
 
     def matching(self, method: str, name: str | None, backend: str | None) -> tuple[Limit, ...]:

@@ -18,6 +18,7 @@ from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.methods import METHODS, MethodSpec
 from gateway.protocol.principal import ANONYMOUS, Principal
+from gateway.protocol.request_meta import check_request_meta
 from gateway.protocol.versions import MODERN_VERSIONS
 
 Headers = dict[str, str]
@@ -196,9 +197,9 @@ def parse_call(body: bytes, headers: Headers, principal: Principal = ANONYMOUS) 
         raise rpc.invalid_params(f'missing required "_meta[{meta.PROTOCOL_VERSION!r}]"', request_id)
     if not isinstance(meta_obj.get(meta.CLIENT_CAPABILITIES), dict):
         raise rpc.invalid_params(f'missing required "_meta[{meta.CLIENT_CAPABILITIES!r}]" object', request_id)
-    level = meta_obj.get(meta.LOG_LEVEL)
-    if level is not None and level not in meta.LOG_LEVELS:
-        raise rpc.invalid_params(f"unknown log level {level!r}", request_id)
+    # The other standard fields, when present, hold what the schema says (400 -32602 naming
+    # the field): the client's mistake, never forwarded for a fleet to refuse.
+    check_request_meta(meta_obj, request_id)
 
     # 9. The method exists. (Capability gating needs the fleet and happens at routing.)
     if spec is None:

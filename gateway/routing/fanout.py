@@ -3,7 +3,8 @@
 Each backend's page is bounded by its own deadline (the fetcher's job: `Dispatcher._list_page`
 arms it around the trip to the backend only, so a cache hit pays for no timer); a backend that
 fails or is late (`TimeoutError`) is left out of that answer
-(logged, never a failed request) unless every backend failed on a first page. Such a partial
+(logged, never a failed request) unless every backend failed on a first page (-31001), or
+every backend refused the request as invalid (the client's -32602, status 400). Such a partial
 answer says so: `ttlMs` 0 (nobody may keep it as the list), and the failed backend stays in the
 gateway cursor to be asked again on the next page, a bounded number of times (cursor.py
 `RETRY_BUDGET`), so the last page still comes. Items keep the fleet's configured backend order
@@ -79,6 +80,7 @@ async def aggregate_list(
     ttl: float | None = None
     private = False
     failures: list[str] = []
+    refusals: dict[str, dict[str, Any]] | None = None  # backend → its -32602 error (made on one only)
     for (target, backend_cursor), outcome in zip(plan, outcomes):
         name = target.backend.name
         if isinstance(outcome, BaseException):
@@ -106,6 +108,10 @@ async def aggregate_list(
                 continue
             err = outcome.get("error") or {}
             detail = f"error {err.get('code')} {err.get('message')}"
+            if err.get("code") == rpc.INVALID_PARAMS:
+                if refusals is None:
+                    refusals = {}
+                refusals[name] = err
         failures.append(f"{name}: {detail}")
         attempts = retries.get(name, 0) + 1
         if attempts <= gw_cursor.RETRY_BUDGET:
@@ -120,6 +126,8 @@ async def aggregate_list(
             log.warning("%s: backend %s left out after %d attempts; the list ends without its remaining items: "
                         "%s", call.method, name, attempts, detail)
 
+    if refusals is not None and len(refusals) == len(plan):
+        raise _refused_as_invalid(call, refusals)
     if len(failures) == len(plan) and not continuation:
         raise rpc.McpError(
             rpc.BACKEND_UNAVAILABLE,
@@ -135,6 +143,22 @@ async def aggregate_list(
     merged["ttlMs"] = 0 if failures else int(ttl or 0)
     merged["cacheScope"] = "private" if private else "public"
     return merged
+
+
+def _refused_as_invalid(call: Call, refusals: dict[str, dict[str, Any]]) -> rpc.McpError:
+    """Every backend asked refused the request as invalid (-32602): the request is at fault,
+    not the fleet, so the client gets its -32602 with status 400 (digest §a.3), never a 502
+    "no backend answered" that would send it retrying a request no retry can mend. One
+    backend's error is relayed as it said it; several are quoted together, each named."""
+    if len(refusals) == 1:
+        (name, error), = refusals.items()
+        message = error.get("message") if isinstance(error.get("message"), str) else "Invalid params"
+        data = error.get("data")
+        return rpc.McpError(rpc.INVALID_PARAMS, message, status=400,
+                            data=data if data is not None else {"backend": name}, request_id=call.id)
+    quoted = "; ".join(f"{name}: {error.get('message')}" for name, error in refusals.items())
+    return rpc.McpError(rpc.INVALID_PARAMS, f"Invalid params: every backend refused this {call.method} ({quoted})",
+                        status=400, data={"backends": list(refusals)}, request_id=call.id)
 
 
 def _present(method: str, table: RouteTable, target: Target, page: list[Any], *, first: bool, last: bool

@@ -179,9 +179,13 @@ class RedisPins:
 def store_of(settings: GatewaySettings) -> PinStore:
     cache = settings.cache
     if cache.store == "redis":
-        return RedisPins.from_url(cache.redis_url, prefix=cache.key_prefix,
-                                  backends=[b.name for b in settings.backends],
-                                  timeout_seconds=max(cache.redis_timeout_ms / 1000, 1.0))
+        from gateway.cache.factory import redis_of
+        from gateway.redis_client.clients import client_for
+        from gateway.redis_client.plan import plan_of
+
+        timeout = max(cache.redis_timeout_ms / 1000, 1.0)
+        client = client_for(plan_of(redis_of(cache, settings.redis)), timeout=timeout, connect_timeout=timeout)
+        return RedisPins(client, prefix=cache.key_prefix, backends=[b.name for b in settings.backends])
     return FilePins(settings.pins.file)
 
 

@@ -11,7 +11,9 @@ one holding that stream's lease.
   (`SET NX PX`, renewed by its holder with a compare-and-set script), the holder's latest
   upstream ack (so replicas that join later can acknowledge their clients), and a sorted set
   of the replicas that still want the stream (so a holder whose own clients left keeps the
-  upstream open for the others instead of forcing a handover).
+  upstream open for the others instead of forcing a handover). A stream's three keys share a
+  Redis Cluster hash tag, so the lease scripts stay in one slot; on Cluster the channel is
+  sharded (SPUBLISH/SSUBSCRIBE). Any shape of Redis works (gateway/redis_client).
 
 Redis trouble never stops notifications: a replica that cannot reach Redis holds its own
 upstream listens and delivers locally (each replica works alone until Redis is back), and
@@ -29,11 +31,14 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from gateway.redis_pubsub import close_subscription, subscribe_forever
+from gateway.redis_client.pubsub import close_subscription, subscribe_forever
+
+if TYPE_CHECKING:
+    from gateway.redis_client.plan import RedisPlan
 
 log = logging.getLogger("gateway.subscriptions.bus")
 
@@ -126,43 +131,50 @@ return 0
 
 
 class RedisBus:
-    def __init__(self, url: str, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
+    def __init__(self, plan: RedisPlan, *, prefix: str, lease_seconds: float, timeout_seconds: float = 1.0,
                  replica_id: str | None = None) -> None:
-        import redis.asyncio as redis  # imported here: a gateway without Redis never needs it
+        # Imported here: a gateway without Redis never needs redis-py.
+        from gateway.redis_client.clients import FAILURES, brief, client_for, publish, slot_tag, warm_up
 
-        from gateway.cache.redis import redacted
-
-        self._redis_errors = (redis.RedisError, OSError)
-        self.url = url
-        # For logs: the URL may carry the Redis password (`redis://:secret@host`).
-        self._shown_url = redacted(url)
+        self._redis_errors = FAILURES
+        self._publish, self._slot_tag, self._brief, self._warm_up = publish, slot_tag, brief, warm_up
+        self.plan = plan
+        # For logs: the plan without its credentials.
+        self._shown_url = plan.describe()
         self.prefix = f"{prefix}:listen"
         self.channel = f"{self.prefix}:events"
         self.lease_ms = max(1, int(lease_seconds * 1000))
         # Renew three times per lease: one lost renewal does not lose the lease.
         self.tick_seconds = lease_seconds / 3
         self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_seconds,
-                                            socket_connect_timeout=timeout_seconds)
+        # A retry or two within the timeout: a failover's first refused connection is followed
+        # by the promoted master (Sentinel) or a fresh slot map (Cluster).
+        self._client = client_for(plan, timeout=timeout_seconds, connect_timeout=timeout_seconds, retries=2)
         # The subscriber connection idles for as long as nothing changes: no read timeout.
-        self._sub_client = redis.Redis.from_url(url, socket_connect_timeout=timeout_seconds)
+        self._sub_client = client_for(plan, timeout=None, connect_timeout=timeout_seconds, keepalive=True)
         self._renew = self._client.register_script(_RENEW)
         self._release = self._client.register_script(_RELEASE)
         self._handler: Handler | None = None
         self._on_resync: Resync | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self._warned = False
+        # Streams held here only because their lease could not be read or written. On Cluster
+        # the lease's slot may be on a lost master while the channel's is not: every replica
+        # then holds the stream, and if each published to the bus every client would hear each
+        # event once per replica. Their events are delivered locally instead, as in an outage.
+        self._held_alone: set[str] = set()
 
     def _keys(self, stream: str) -> tuple[str, str, str]:
-        base = f"{self.prefix}:{stream}"
+        base = self._slot_tag(f"{self.prefix}:{stream}")
         return f"{base}:holder", f"{base}:ack", f"{base}:want"
 
     def _trouble(self, what: str, exc: BaseException) -> None:
         # One warning per outage, not one per stream per tick.
         if not self._warned:
             log.warning("redis %s: %s failed (%s); listen streams work per replica until it is back",
-                        self._shown_url, what, exc)
+                        self._shown_url, what, self._brief(exc))
             self._warned = True
 
     def _ok(self) -> None:
@@ -172,6 +184,7 @@ class RedisBus:
 
     async def start(self, handler: Handler, on_resync: Resync) -> None:
         self._handler, self._on_resync = handler, on_resync
+        self._warming = asyncio.create_task(self._warm_up(self._client), name="listen-bus-warm-up")
         self._listener = asyncio.create_task(self._listen(), name="listen-bus-subscriber")
         # Give the subscription a moment so that events published right after start-up are
         # heard; a Redis that is down does not hold start-up back.
@@ -208,9 +221,9 @@ class RedisBus:
 
     async def publish(self, event: Event) -> None:
         assert self._handler is not None, "bus not started"
-        if self._subscribed.is_set():
+        if self._subscribed.is_set() and event.get("k") not in self._held_alone:
             try:
-                await self._client.publish(self.channel, orjson.dumps(event))
+                await self._publish(self._client, self.channel, orjson.dumps(event))
                 self._ok()
                 return
             except self._redis_errors as exc:
@@ -224,8 +237,10 @@ class RedisBus:
             taken = await self._client.set(holder, self.replica_id, nx=True, px=self.lease_ms)
         except self._redis_errors as exc:
             self._trouble("lease", exc)
+            self._held_alone.add(stream)
             return True  # nobody can coordinate: hold it here
         self._ok()
+        self._held_alone.discard(stream)
         return bool(taken)
 
     async def renew(self, stream: str, ack: Event | None) -> bool:
@@ -235,11 +250,14 @@ class RedisBus:
                                      args=[self.replica_id, self.lease_ms, orjson.dumps(ack) if ack else b""])
         except self._redis_errors as exc:
             self._trouble("lease renewal", exc)
+            self._held_alone.add(stream)
             return True
         self._ok()
+        self._held_alone.discard(stream)
         return bool(kept)
 
     async def release(self, stream: str) -> None:
+        self._held_alone.discard(stream)
         holder, ack_key, _ = self._keys(stream)
         with contextlib.suppress(*self._redis_errors):
             await self._release(keys=[holder, ack_key], args=[self.replica_id])
@@ -283,4 +301,8 @@ class RedisBus:
         return any(m.decode() != self.replica_id for m in members)
 
     async def aclose(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming
         await close_subscription(self._listener, self._client, self._sub_client)

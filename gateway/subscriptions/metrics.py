@@ -31,6 +31,11 @@ OVERFLOWS = Counter(
 )
 REJECTED = Counter(
     "mcp_gateway_listen_rejected_total",
-    "subscriptions/listen requests refused by a limit (per_principal, total) or during shutdown.",
+    "subscriptions/listen requests refused by a limit (per_principal, total, descriptors) or during shutdown.",
     ["reason"],
+)
+POLLS = Counter(
+    "mcp_gateway_listen_polls_total",
+    "Polls of a backend that cannot listen (its lists and subscribed resources), by backend and outcome (ok, failed).",
+    ["backend", "outcome"],
 )

@@ -36,10 +36,13 @@ from gateway.backends.base import Backend, Reply, internal_call
 from gateway.protocol import jsonrpc as rpc
 from gateway.subscriptions import metrics
 from gateway.subscriptions.bus import Bus, Event
+from gateway.subscriptions.encoding import Outgoing
 from gateway.subscriptions.filters import ACKNOWLEDGED, DELIVERABLE, SubscriptionFilter
+from gateway.subscriptions.poll import PollSettings, Poller, minus, native_part, refuses_listen
 
 if TYPE_CHECKING:
     from gateway.backends.base import Message
+    from gateway.settings import SubscriptionSettings
 
 log = logging.getLogger("gateway.subscriptions.upstream")
 
@@ -56,9 +59,9 @@ class StreamKey:
 
 
 class Sink(Protocol):
-    """A client stream as the upstream sees it (hub.ClientSink)."""
+    """A client stream as the upstream sees it (hub.ClientListen)."""
 
-    def offer(self, stream_id: str, message: Message) -> None: ...
+    def offer(self, stream_id: str, outgoing: Outgoing) -> None: ...
 
     def granted(self, stream_id: str) -> SubscriptionFilter: ...
 
@@ -68,6 +71,13 @@ class Timing:
     linger_seconds: float = 2.0
     reconnect_initial_seconds: float = 0.2
     reconnect_max_seconds: float = 15.0
+    # What a backend that cannot listen gets instead (poll.py).
+    poll: PollSettings = PollSettings()
+
+    @classmethod
+    def from_settings(cls, s: SubscriptionSettings) -> Timing:
+        return cls(s.linger_seconds, s.reconnect_initial_seconds, s.reconnect_max_seconds,
+                   PollSettings(s.poll_fallback, s.poll_min_seconds, s.poll_max_seconds))
 
 
 class UpstreamListen:
@@ -82,6 +92,7 @@ class UpstreamListen:
         # answers False when a client attached meanwhile.
         self._retire = retire
         self.sinks: set[Sink] = set()
+        self._filters: dict[SubscriptionFilter, SubscriptionFilter] = {}
         self._idle_since: float | None = time.monotonic()
         self.acked: SubscriptionFilter | None = None
         self._acked_event = asyncio.Event()
@@ -92,6 +103,11 @@ class UpstreamListen:
         self._task: asyncio.Task[None] | None = None
 
     # -- clients --------------------------------------------------------------------------
+
+    def canonical(self, granted: SubscriptionFilter) -> SubscriptionFilter:
+        """One object per distinct filter granted on this stream, so that a fan-out judges
+        each filter once (encoding.Outgoing.admitted_by), however many clients share it."""
+        return self._filters.setdefault(granted, granted)
 
     def attach(self, sink: Sink) -> None:
         self.sinks.add(sink)
@@ -122,13 +138,23 @@ class UpstreamListen:
         self._acked_event.set()
 
     def fan_out(self, message: Message) -> None:
+        """Hand `message` to every client of this stream, encoded once for all of them
+        (encoding.py); a client writes it to its connection before the next one gets it."""
+        outgoing = Outgoing(message)
         for sink in tuple(self.sinks):
-            sink.offer(self.id, message)
+            sink.offer(self.id, outgoing)
 
     def fan_out_gap(self) -> None:
+        # Once per type a client was granted: the same synthetic messages for clients granted
+        # the same filter, encoded once per filter.
+        encoded: dict[SubscriptionFilter, list[Outgoing]] = {}
         for sink in tuple(self.sinks):
-            for message in sink.granted(self.id).notifications():
-                sink.offer(self.id, message)
+            granted = sink.granted(self.id)
+            outgoing = encoded.get(granted)
+            if outgoing is None:
+                outgoing = encoded[granted] = [Outgoing(m) for m in granted.notifications()]
+            for one in outgoing:
+                sink.offer(self.id, one)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -201,16 +227,27 @@ class UpstreamListen:
 
     async def _upstream(self, *, gap_pending: bool) -> None:
         attempt = 0
-        wire = self.key.filter.to_wire()
+        polls = self.timing.poll.enabled
         while True:
             delivering = False
             reply: Reply | None = None
+            poller: asyncio.Task[None] | None = None
             try:
-                call = internal_call("subscriptions/listen", {"notifications": wire},
+                # Ask the backend's own listen only for what it says it delivers; with nothing
+                # to ask, the whole stream is polled (docs/subscriptions.md "Backends without
+                # listen").
+                asked = native_part(self.backend.capabilities, self.key.filter) if polls else self.key.filter
+                if asked.empty and polls:
+                    await self._poll_only("it advertises none of it", gap_pending=gap_pending)
+                call = internal_call("subscriptions/listen", {"notifications": asked.to_wire()},
                                      request_id=f"mcp-gateway-listen-{self.id[:12]}")
                 reply = await self.backend.send(call)
                 if reply.stream is None:
                     error = (reply.message or {}).get("error") or {}
+                    if polls:
+                        await reply.aclose()
+                        await self._poll_only(f"it refused subscriptions/listen ({error.get('code')} "
+                                              f"{error.get('message')})", gap_pending=gap_pending)
                     log.warning("backend %s refused subscriptions/listen (%s %s); its notifications are not "
                                 "offered to clients", self.key.backend, error.get("code"), error.get("message"))
                     await self._publish("ack", f={})
@@ -220,7 +257,15 @@ class UpstreamListen:
                         method = message.get("method")
                         if method == ACKNOWLEDGED:
                             params = message.get("params") or {}
-                            granted = SubscriptionFilter.from_wire(params.get("notifications")) & self.key.filter
+                            granted = SubscriptionFilter.from_wire(params.get("notifications")) & asked
+                            missing = minus(self.key.filter, granted)
+                            if polls and granted.empty:
+                                await reply.aclose()
+                                await self._poll_only("its listen acknowledged none of it", gap_pending=gap_pending)
+                            if polls and not missing.empty:
+                                # What it did not acknowledge is polled beside its stream.
+                                poller = await self._start_polling(missing)
+                                granted = granted | missing
                             delivering, attempt = True, 0
                             await self._publish("ack", f=granted.to_wire())
                             if gap_pending:
@@ -234,8 +279,14 @@ class UpstreamListen:
                             break
                         # Anything else is not a listen-stream notification: dropped (digest §c).
             except rpc.McpError as exc:
+                if polls and refuses_listen(exc):
+                    await self._poll_only(f"it refused subscriptions/listen ({exc.message})", gap_pending=gap_pending)
                 log.info("listen stream %s to backend %s: %s", self.id[:8], self.key.backend, exc.message)
             finally:
+                if poller is not None:
+                    poller.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await poller
                 if reply is not None:
                     with contextlib.suppress(Exception):
                         await reply.aclose()
@@ -248,3 +299,31 @@ class UpstreamListen:
             ceiling = min(self.timing.reconnect_max_seconds, self.timing.reconnect_initial_seconds * 2 ** attempt)
             attempt += 1
             await asyncio.sleep(random.uniform(ceiling / 2, ceiling))
+
+    def _poller(self, watch: SubscriptionFilter) -> Poller:
+        async def publish(message: Message) -> None:
+            await self._publish("event", m=message)
+
+        return Poller(self.backend, watch, self.timing.poll, publish)
+
+    async def _start_polling(self, watch: SubscriptionFilter) -> asyncio.Task[None]:
+        poller = self._poller(watch)
+        await poller.baseline()
+        return asyncio.create_task(poller.run(), name=f"poll-{self.key.backend}-{self.id[:8]}")
+
+    async def _poll_only(self, why: str, *, gap_pending: bool) -> None:
+        """The backend delivers none of this stream: poll all of it for as long as this
+        replica holds the stream (the holder's `_hold` cancels it). The ack comes after the
+        baseline, so no change after the ack goes unreported; after a handover the clients are
+        told to refetch, as for a real listen (what changed meanwhile has no digest here)."""
+        log.info("backend %s: listen stream %s is polled instead (%s)", self.key.backend, self.id[:8], why)
+        poller = self._poller(self.key.filter)
+        await poller.baseline()
+        await self._publish("ack", f=self.key.filter.to_wire())
+        if gap_pending:
+            metrics.GAPS.labels(self.key.backend).inc()
+            await self._publish("gap", u=sorted(self.key.filter.uris))
+        await poller.run()
+        # Nothing left to poll (the backend implements none of these lists): hold the stream
+        # quietly, as a backend whose listen stays silent would.
+        await asyncio.Event().wait()

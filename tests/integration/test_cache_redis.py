@@ -344,7 +344,7 @@ async def test_a_damaged_or_foreign_value_is_read_as_a_miss_and_replaced(countin
         async with running_gateway(config) as writer, running_gateway(config) as reader, \
                 httpx.AsyncClient() as c:
             await read(c, writer, uri)
-            [key] = [k async for k in store.scan_iter(match="mcpgw:counted:pub:*")]
+            [key] = [k async for k in store.scan_iter(match="{mcpgw:cache:counted}:pub:*")]
             await store.set(key, raw, px=60_000)
             result, outcome = await read(c, reader, uri)
             assert outcome == "miss" and text(result) == f"{uri} read #2"
@@ -367,7 +367,7 @@ async def test_large_answers_are_stored_compressed_and_read_back_by_the_other_re
         async with two_replicas(config) as (one, two), httpx.AsyncClient() as c:
             first, outcome = await read(c, one, uri)
             assert outcome == "miss"
-            [key] = [k async for k in store.scan_iter(match="mcpgw:counted:pub:*")]
+            [key] = [k async for k in store.scan_iter(match="{mcpgw:cache:counted}:pub:*")]
             raw = await store.get(key)
             assert raw[:1] == b"z" and uri.encode() not in raw  # compressed, not plain JSON
             again, outcome = await read(c, two, uri)

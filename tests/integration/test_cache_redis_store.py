@@ -11,10 +11,11 @@ import orjson
 import redis.asyncio as aioredis
 
 from gateway.cache.redis import RedisStore
+from tests.support.redis_shapes import plan_for
 
 
 async def test_the_bounded_generation_table_never_forgets_an_invalidation(redis_server):
-    store = RedisStore(redis_server.url, prefix="gen", timeout_ms=2000, retry_seconds=0.1,
+    store = RedisStore(plan_for(redis_server.url), prefix="gen", timeout_ms=2000, retry_seconds=0.1,
                        compress_above=1024, tag_ttl_ms=60_000)
     publisher = aioredis.from_url(redis_server.url)
     await store.start()
@@ -39,17 +40,17 @@ async def test_a_flush_removes_every_entry_however_many_and_only_its_own(redis_s
     # The operator's flush walks the keyspace in batches (of 1,000): a large cache is emptied
     # completely and counted right; a store under another prefix sharing the Redis is not touched.
     shared = aioredis.from_url(redis_server.url)
-    store = RedisStore(redis_server.url, prefix="big", timeout_ms=2000, retry_seconds=0.1,
+    store = RedisStore(plan_for(redis_server.url), prefix="big", timeout_ms=2000, retry_seconds=0.1,
                        compress_above=1024, tag_ttl_ms=60_000)
     try:
         async with shared.pipeline(transaction=False) as pipe:
             for i in range(2_500):
-                pipe.set(f"big:alpha:pub:{i}", b"j{}")
-            pipe.set("bigger:alpha:pub:0", b"j{}")
+                pipe.set(f"{{big:cache:alpha}}:pub:{i}", b"j{}")
+            pipe.set("{bigger:cache:alpha}:pub:0", b"j{}")
             await pipe.execute()
         assert await store.flush() == 2_500
-        assert not [k async for k in shared.scan_iter(match="big:alpha:*")]
-        assert await shared.exists("bigger:alpha:pub:0")
+        assert not [k async for k in shared.scan_iter(match="{big:cache:alpha}:pub:*")]
+        assert await shared.exists("{bigger:cache:alpha}:pub:0")
     finally:
         await store.aclose()
         await shared.aclose()

@@ -540,7 +540,7 @@ async def test_a_key_flood_stays_within_the_stores_bounds(request, idp, backend,
             # Redis holds the whole flood, but nothing the gateway wrote lives forever.
             admin = aioredis.from_url(settings["redis_url"])
             try:
-                keys = [k async for k in admin.scan_iter(match=f"{settings['key_prefix']}:*")]
+                keys = [k async for k in admin.scan_iter(match="{" + f"{settings['key_prefix']}:cache:*")]
                 assert len(keys) > 16
                 assert all([await admin.pttl(k) > 0 for k in keys])
             finally:

@@ -46,6 +46,7 @@ V = mcp_http.VERSION
 PV = "io.modelcontextprotocol/protocolVersion"
 CAPS = "io.modelcontextprotocol/clientCapabilities"
 LOG = "io.modelcontextprotocol/logLevel"
+INFO = "io.modelcontextprotocol/clientInfo"
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 MAX_BODY = 1 << 20
 MAX_DEPTH = 254  # the nesting the gateway accepts: what its encoder can write back
@@ -230,10 +231,11 @@ def bases(prefix: str) -> dict[str, Base]:
     call.paths = [("jsonrpc",), ("id",), ("method",), ("params",), ("params", "name"), ("params", "arguments"),
                   ("params", "arguments", "text"), ("params", "_meta"), ("params", "_meta", PV),
                   ("params", "_meta", CAPS), ("params", "_meta", LOG), ("params", "_meta", "progressToken"),
-                  ("params", "_meta", CAPS, "extensions"), ("extra",)]
+                  ("params", "_meta", CAPS, "extensions"), ("params", "_meta", INFO), ("extra",)]
     listing = Base("list", "tools/list", mcp_http.body("tools/list"), _headers("tools/list"))
     listing.paths = [("jsonrpc",), ("id",), ("method",), ("params",), ("params", "cursor"), ("params", "name"),
-                     ("params", "_meta"), ("params", "_meta", PV), ("params", "_meta", CAPS), ("params", "_meta", LOG)]
+                     ("params", "_meta"), ("params", "_meta", PV), ("params", "_meta", CAPS), ("params", "_meta", LOG),
+                     ("params", "_meta", INFO), ("params", "_meta", "progressToken")]
     region = Base("regional", "tools/call",
                   mcp_http.body("tools/call", {"name": regional, "arguments": {"region": "eu-west1"}}),
                   _headers("tools/call", regional, **{"mcp-param-region": "eu-west1"}))
@@ -281,8 +283,16 @@ def want_for_field(base: Base, path: tuple[str, ...], value: Value | _Delete) ->
         return OK if isinstance(v, dict) else bad_params()
     if path == ("params", "_meta", LOG):
         return OK if v is DELETE or v is None or v in LEVELS else bad_params()  # LOG: unknown level → -32602
-    if path[:3] == ("params", "_meta", CAPS) or path == ("params", "_meta", "progressToken"):
-        return None  # the client's own declarations: the backend's to judge
+    if path == ("params", "_meta", "progressToken"):
+        # ProgressToken: a string or an integer (JSON Schema: no fractional part) → else -32602.
+        integral = isinstance(v, float) and v.is_integer()
+        return OK if v is DELETE or isinstance(v, str) or _is_id(v) or integral else bad_params()
+    if path == ("params", "_meta", INFO):
+        return OK if v is DELETE else bad_params()  # no VALUES entry is an Implementation
+    if path == ("params", "_meta", CAPS, "extensions"):
+        # A map of extension name → settings object; the values here hold no such map.
+        objects = isinstance(v, dict) and all(isinstance(x, dict) for x in v.values())
+        return OK if v is DELETE or objects else bad_params()
     if base.label == "list":
         if path == ("params", "cursor"):
             return OK if v is DELETE else bad_params()  # PAGE: invalid cursor → -32602
@@ -947,3 +957,56 @@ async def test_initialize_era_errors_keep_a_readable_id_and_refuse_deep_nesting(
         deep = await client.post(gw.url, headers=hs, content=orjson.dumps(call))
         assert deep.status_code == 400, deep.text
         assert deep.json()["id"] == "deep" and deep.json()["error"]["code"] == -32600
+
+
+# The malformed standard `_meta` values an independent fuzzer sent to the list methods: each
+# reached every backend, each backend refused it with -32602, and the client was told that no
+# backend answered (502 -31001). Now the front door refuses them, naming the field.
+MALFORMED_META = [
+    (INFO, " ", INFO), (INFO, 42, INFO), (INFO, {"name": 5, "version": []}, f"{INFO}'].name"),
+    (INFO, {"a": 1}, f"{INFO}'].name"), ("progressToken", {"a": 1}, "progressToken"),
+    ("progressToken", {}, "progressToken"),
+]
+LIST_AND_CALL = ["tools/list", "prompts/list", "resources/list", "resources/templates/list", "tools/call"]
+
+
+@pytest.mark.parametrize("method", LIST_AND_CALL)
+@pytest.mark.parametrize(("key", "value", "named"), MALFORMED_META,
+                         ids=[f"{k.rsplit('/', 1)[-1]}={v!r}" for k, v, _ in MALFORMED_META])
+async def test_malformed_standard_meta_is_the_clients_invalid_params(gw, backend, method, key, value, named):
+    name = f"{gw.prefix}echo" if method == "tools/call" else None
+    params = {"name": name, "arguments": {"text": "x"}} if name else {}
+    # A modern HTTP backend sees the client's id unchanged: one no other request uses tells
+    # this request apart from background work (readiness checks, index refreshes).
+    request_id = f"meta-check-{method}-{key}-{value!r}"
+    body = mcp_http.body(method, params, id=request_id)
+    body["params"]["_meta"][key] = value
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        response = await client.post(gw.url, content=orjson.dumps(body), headers=_headers(method, name))
+    case = Case(f"{method} {key}", orjson.dumps(body), [], bad_params())
+    assert judge(case, response.status_code, response.headers["content-type"], response.content, exact=True) == []
+    error = response.json()["error"]
+    assert named in error["message"] and named in error["data"]["field"], error
+    # Refused at the front door: no backend saw it.
+    assert [c for c in await backend.calls() if c["id"] == request_id] == []
+
+
+@pytest.mark.parametrize("gw", ["dual-era"], indirect=True)  # the one serving such clients
+@pytest.mark.parametrize(("params", "field"), [
+    ({"clientInfo": {"name": 5, "version": []}, "capabilities": {}}, "params.clientInfo.name"),
+    ({"clientInfo": 42, "capabilities": {}}, "params.clientInfo"),
+    ({"clientInfo": {"name": "c", "version": "1"}, "capabilities": {"sampling": True}},
+     "params.capabilities.sampling"),
+])
+async def test_an_initialize_era_client_declaring_malformed_meta_is_refused_once(gw, params, field):
+    # What it declares becomes every later request's _meta: refused at initialize, naming the
+    # field, instead of failing each request of the session.
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        response = await client.post(gw.url, headers={"accept": "application/json, text/event-stream"}, json={
+            "jsonrpc": "2.0", "id": "init", "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", **params}})
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["id"] == "init" and body["error"]["code"] == -32602
+    assert body["error"]["data"] == {"field": field}
+    assert "mcp-session-id" not in response.headers

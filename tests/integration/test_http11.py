@@ -559,7 +559,7 @@ async def test_the_gateway_cuts_off_a_client_that_never_finishes_its_request() -
     /mcp whose head or body stops held its connection, and the request task waiting in the
     endpoint's body read, until a shutdown had to cancel it."""
     options = {"http": functools.partial(Http11Protocol, read_timeout_seconds=1), "timeout_keep_alive": 60}
-    async with running_gateway({"backends": []}, discover=False, uvicorn_options=options) as gw:
+    async with running_gateway({}, discover=False, uvicorn_options=options) as gw:
         head = connect(gw.port)
         head.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n")
         body = connect(gw.port)

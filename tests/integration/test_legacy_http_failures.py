@@ -766,7 +766,9 @@ async def _get_json(answer: Answer) -> None:
 async def test_a_backend_without_a_get_stream_gets_no_list_changed_promise(flaky, refusal):
     """L-TR §Listening 3: 405 (or anything but an event stream) means no GET stream. The ack
     promises no list changes, which could only come on it (SUB: the ack is what will be
-    honoured); resource updates still come on request streams and still reach the listener."""
+    honoured); resource updates still come on request streams and still reach the listener.
+    Without the polling fallback, which would promise the list changes it polls
+    (test_listen_polling.py)."""
     server, url = flaky
     server.get_refusal = refusal
 
@@ -777,7 +779,9 @@ async def test_a_backend_without_a_get_stream_gets_no_list_changed_promise(flaky
         await answer.end()
 
     server.tools["touch"] = touch
-    async with running_gateway(settings(url)) as gw, httpx.AsyncClient(timeout=30) as http:
+    config = settings(url)
+    config["subscriptions"]["poll_fallback"] = False
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
         reader = await listening(http, gw, toolsListChanged=True, resourceSubscriptions=["demo://a"])
         assert reader.ack["params"]["notifications"] == {"resourceSubscriptions": ["demo://a"]}
         assert answer_of(await call(http, gw, "touch"))["result"]["content"][0]["text"] == "touched"

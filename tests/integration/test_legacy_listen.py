@@ -70,10 +70,13 @@ async def test_ack_promises_only_what_the_backend_can_deliver(backend: Proc) -> 
 
 async def test_ack_is_empty_when_the_backend_has_no_channel(tmp_path) -> None:
     """A stateless backend has no session, so nothing can be subscribed and no notification
-    can be relied on: the ack must promise nothing (SUB: the ack is the honoured subset)."""
+    can be relied on: the ack must promise nothing (SUB: the ack is the honoured subset). With
+    the polling fallback off: on, the gateway polls instead (test_listen_polling.py)."""
     proc = legacy_venv.legacy_server("--stateless", "--json", name="legacy-listen-stateless").start()
     try:
-        async with running_gateway(settings(proc)) as gw, Client(gw.url, mode="2026-07-28") as client:
+        config = settings(proc)
+        config["subscriptions"] = {**config.get("subscriptions", {}), "poll_fallback": False}
+        async with running_gateway(config) as gw, Client(gw.url, mode="2026-07-28") as client:
             async with client.listen(tools_list_changed=True, resource_subscriptions=["demo://greeting"]) as sub:
                 assert not sub.honored.tools_list_changed
                 assert not sub.honored.resource_subscriptions

@@ -35,7 +35,7 @@ def backend() -> Iterator[Proc]:
 def _replicas(backend: Proc, tmp_path_factory: pytest.TempPathFactory, *, host: str = "127.0.0.1",
               advertise: bool = False, backend_settings: dict[str, Any] | None = None) -> list[Proc]:
     """Two gateway processes sharing a secret; with `advertise`, each gets its own URL from
-    MCP_GATEWAY_SECURITY__ADVERTISE_URL, the way deploy/kubernetes/fleet.yaml sets it."""
+    MCP_GATEWAY_SECURITY__ADVERTISE_URL, the way deploy/kubernetes/base/deployment.yaml sets it."""
     procs: list[Proc] = []
     try:
         for i in range(2):

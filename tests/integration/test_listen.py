@@ -96,14 +96,17 @@ async def test_ack_first_ids_retagged_only_requested_types_and_graceful_close(mu
 
 
 async def test_ack_omits_what_no_backend_can_deliver(silent_backend):
-    async with running_gateway(settings(silent_backend)) as gw, httpx.AsyncClient(timeout=30) as http:
+    # Without the polling fallback (tests/integration/test_listen_polling.py has it on).
+    async with running_gateway(settings(silent_backend, poll_fallback=False)) as gw, \
+            httpx.AsyncClient(timeout=30) as http:
         reader = await ListenReader(http, gw.url, {"toolsListChanged": True, "resourceSubscriptions": ["x://1"]}).open()
         assert reader.ack["params"]["notifications"] == {}
         await reader.close()
 
 
 async def test_fleet_ack_is_the_union_of_what_backends_deliver(mutable_backend, silent_backend):
-    async with running_gateway(settings(mutable_backend, silent_backend)) as gw, httpx.AsyncClient() as http:
+    async with running_gateway(settings(mutable_backend, silent_backend, poll_fallback=False)) as gw, \
+            httpx.AsyncClient() as http:
         reader = await ListenReader(http, gw.url, {"toolsListChanged": True, "promptsListChanged": True}).open()
         assert reader.ack["params"]["notifications"] == {"toolsListChanged": True, "promptsListChanged": True}
         # Only the backend that can deliver holds an upstream listen for it.
@@ -169,13 +172,15 @@ async def test_task_ids_need_the_tasks_extension(mutable_backend):
         error = response.json()["error"]
         assert error["code"] == -32021
         assert error["data"]["requiredCapabilities"] == {"extensions": {"io.modelcontextprotocol/tasks": {}}}
-        # `extensions` that is no object declares nothing (a number was a 500, a string matched
-        # by substring).
+        # `extensions` that is no object is a malformed ClientCapabilities, refused at the front
+        # door naming the field (a number was a 500, a string matched by substring).
         for extensions in (5, "io.modelcontextprotocol/tasks"):
             malformed = await mcp_http.post(
                 http, gw.url, "subscriptions/listen", {"notifications": {"taskIds": ["t"]}},
                 meta={"io.modelcontextprotocol/clientCapabilities": {"extensions": extensions}})
-            assert (malformed.status_code, malformed.json()["error"]["code"]) == (400, -32021), extensions
+            assert (malformed.status_code, malformed.json()["error"]["code"]) == (400, -32602), extensions
+            assert malformed.json()["error"]["data"] == {
+                "field": "_meta['io.modelcontextprotocol/clientCapabilities'].extensions"}
         # Declared: accepted, and honestly not acknowledged (the gateway offers no tasks).
         reader = await ListenReader(
             http, gw.url, {"taskIds": ["t"], "toolsListChanged": True}, id=9,

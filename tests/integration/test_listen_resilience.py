@@ -180,8 +180,10 @@ async def test_a_backend_that_refuses_subscriptions_listen_is_left_out_of_the_ac
     scripted = Scripted("refuser").start()
     try:
         config = {"backends": [{"name": "s", "url": scripted.url}],
-                  # Far longer than the reader waits: only the refusal itself can answer.
-                  "subscriptions": {"ack_timeout_seconds": 600}}
+                  # Far longer than the reader waits: only the refusal itself can answer. Without
+                  # the polling fallback, which would deliver what the listen refused
+                  # (tests/integration/test_listen_polling.py).
+                  "subscriptions": {"ack_timeout_seconds": 600, "poll_fallback": False}}
         async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
             for i in (1, 2):
                 reader = await ListenReader(http, gw.url, {"toolsListChanged": True}, id=i).open(timeout=30)

@@ -562,14 +562,28 @@ def answers(message: dict[str, Any]) -> Script:
 TASK = {"jsonrpc": "2.0", "result": {"resultType": "task", "task": {"taskId": "t1", "status": "working"}}}
 
 
-@pytest.mark.parametrize("extensions", [None, {}, 5, "io.modelcontextprotocol/tasks"],
-                         ids=["none", "empty", "a-number", "a-string"])
+@pytest.mark.parametrize("extensions", [None, {}, {"com.example/other": {}}], ids=["none", "empty", "another"])
 async def test_a_task_result_the_client_did_not_negotiate_is_a_protocol_error(extensions: Any) -> None:
     caps = {} if extensions is None else {"extensions": extensions}
     async with gateway_before(("raw", RawBackend({"tasky": answers(TASK)}))) as (gw, client):
         response = await call(client, gw, "tasky", meta={"io.modelcontextprotocol/clientCapabilities": caps})
         message = gateway_error(response, 502, -31003)
         assert "result type 'task' the client did not negotiate" in message
+        await still_serving(client, gw)
+
+
+@pytest.mark.parametrize("extensions", [5, "io.modelcontextprotocol/tasks"], ids=["a-number", "a-string"])
+async def test_extensions_that_are_no_object_are_refused_at_the_front_door(extensions: Any) -> None:
+    # They declare nothing (a number was a 500, a string matched by substring): now the
+    # malformed ClientCapabilities is the client's -32602, naming the field.
+    backend = RawBackend({"tasky": answers(TASK)})
+    async with gateway_before(("raw", backend)) as (gw, client):
+        response = await call(client, gw, "tasky",
+                              meta={"io.modelcontextprotocol/clientCapabilities": {"extensions": extensions}})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == -32602
+        assert error["data"] == {"field": "_meta['io.modelcontextprotocol/clientCapabilities'].extensions"}
         await still_serving(client, gw)
 
 

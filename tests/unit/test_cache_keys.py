@@ -158,7 +158,7 @@ def test_keys_name_neither_the_principal_nor_the_uri():
     for key in (keys.public, keys.private, keys.lock):
         assert key is not None
         assert "alice" not in key and "credential" not in key
-    assert keys.public.startswith("mcpgw:files:pub:") and keys.private.startswith("mcpgw:files:prv:")
+    assert keys.public.startswith("{mcpgw:cache:files}:pub:") and keys.private.startswith("{mcpgw:cache:files}:prv:")
     assert "alice" not in read_tag("files", "file:///home/alice/secret.txt")
 
 

@@ -178,3 +178,89 @@ async def test_a_backend_that_stays_down_does_not_page_forever():
         assert pages <= 10, "the list never ended"
     assert result["ttlMs"] == 0
     assert asked == [None] * (1 + gw_cursor.RETRY_BUDGET)  # first page each time, budget then stop
+
+
+# -- every backend refused the request as invalid ------------------------------------------
+
+
+def refusal(message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": -32602, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": 9, "error": error}
+
+
+async def test_every_backend_refusing_as_invalid_is_the_clients_invalid_params():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        return refusal(f"{t.backend.name} says: clientInfo.name must be a string")
+
+    with pytest.raises(rpc.McpError) as info:
+        await aggregate_list(list_call(), table, table.targets, fetch)
+    err = info.value
+    assert (err.code, err.status, err.request_id) == (-32602, 400, 9)
+    assert err.data == {"backends": ["a", "b"]}
+    assert "a: a says: clientInfo.name must be a string" in err.message
+    assert "b: b says" in err.message
+
+
+async def test_one_backend_refusing_as_invalid_is_relayed_as_it_said_it():
+    a = target("a", "")
+    table = RouteTable([a])
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        return refusal("Invalid cursor", {"cursor": "x"})
+
+    with pytest.raises(rpc.McpError) as info:
+        await aggregate_list(list_call(), table, table.targets, fetch)
+    assert (info.value.code, info.value.status, info.value.message, info.value.data) == (
+        -32602, 400, "Invalid cursor", {"cursor": "x"})
+
+    async def bare(t: Target, sub) -> dict[str, Any]:
+        return refusal("Invalid params")
+
+    with pytest.raises(rpc.McpError) as info:
+        await aggregate_list(list_call(), table, table.targets, bare)
+    assert info.value.data == {"backend": "a"}  # it says who refused
+
+
+async def test_invalid_from_some_and_down_elsewhere_is_still_an_outage():
+    """Only a unanimous refusal blames the request: a backend that did not answer may have
+    taken it."""
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        if t is b:
+            raise rpc.backend_unavailable("b", "connection refused")
+        return refusal("nope")
+
+    with pytest.raises(rpc.McpError) as info:
+        await aggregate_list(list_call(), table, table.targets, fetch)
+    assert (info.value.code, info.value.status) == (rpc.BACKEND_UNAVAILABLE, 502)
+
+
+async def test_invalid_from_one_backend_leaves_it_out_of_the_others_answer():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        return refusal("nope") if t is b else page([{"name": "x"}])
+
+    result = await aggregate_list(list_call(), table, table.targets, fetch)
+    assert [t["name"] for t in result["tools"]] == ["a__x"] and result["ttlMs"] == 0
+
+
+async def test_every_backend_refusing_a_continuation_as_invalid_is_invalid_params_too():
+    a, b = target("a", "a__"), target("b", "b__")
+    table = RouteTable([a, b])
+    cursor = gw_cursor.encode("tools/list", {"a": "a-2", "b": "b-2"})
+
+    async def fetch(t: Target, sub) -> dict[str, Any]:
+        return refusal("bad cursor")
+
+    with pytest.raises(rpc.McpError) as info:
+        await aggregate_list(list_call(cursor=cursor), table, table.targets, fetch)
+    assert (info.value.code, info.value.status) == (-32602, 400)

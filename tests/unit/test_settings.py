@@ -40,7 +40,9 @@ def test_the_documented_examples_exist():
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_config_matches_its_golden_snapshot(path):
+def test_example_config_matches_its_golden_snapshot(path, monkeypatch):
+    # The secrets the examples read from the environment (their comments say which).
+    monkeypatch.setenv("REDIS_PASSWORD", "example-only")
     actual = normalized(load_settings(path))
     golden = GOLDEN / f"{path.stem}.json"
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -137,13 +139,25 @@ def test_every_bad_field_is_reported_with_its_path():
 @pytest.mark.parametrize(
     ("data", "path", "words"),
     [
-        ({"backends": [{"name": "a"}]}, "backends.0", "exactly one of 'url'"),
-        ({"backends": [{"name": "a", "url": "http://h/mcp", "command": ["x"]}]}, "backends.0", "exactly one"),
+        ({"backends": [{"name": "a"}]}, "backends.0.url", "exactly one of 'url'"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp", "command": ["x"]}]}, "backends.0.url", "exactly one"),
         ({"backends": [{"name": "a", "command": []}]}, "backends.0.command", "non-empty"),
-        ({"backends": [{"name": "a", "url": "http://h/mcp"}, {"name": "a", "url": "http://g/mcp"}]}, "<root>",
-         "unique"),
+        # Cross-field rules name the field to fix, not the section (or the root).
+        ({"backends": [{"name": "a", "url": "http://h/mcp"}, {"name": "a", "url": "http://g/mcp"}]},
+         "backends.1.name", "unique"),
         ({"backends": [{"name": "a", "url": "http://h/mcp", "prefix": "x"},
-                       {"name": "b", "url": "http://g/mcp", "prefix": "xy"}]}, "<root>", "overlapping"),
+                       {"name": "b", "url": "http://g/mcp", "prefix": "xy"}]}, "backends.1.prefix", "overlapping"),
+        ({"backends": [{"name": "a", "command": ["x"], "transport": "sse"}]}, "backends.0.transport", "url"),
+        ({"backends": [{"name": "a", "url": "http://h/mcp"}], "cache": {"rules": [{"backend": "zz"}]}},
+         "cache.rules.0.backend", "'zz'"),
+        ({"cache": {"min_ttl_ms": 5, "max_ttl_ms": 1}}, "cache.min_ttl_ms", "above"),
+        ({"cache": {"rules": [{"min_ttl_ms": 9, "max_ttl_ms": 1}]}}, "cache.rules.0.min_ttl_ms", "above"),
+        ({"server": {"path": "/sse"}}, "server.legacy_sse_path", "differ"),
+        ({"server": {"port": 8080, "ops_port": 8080}}, "server.ops_port", "port of its own"),
+        ({"server": {"readiness": "most"}}, "server.readiness", ""),
+        ({"server": {"readiness": 0}}, "server.readiness", ""),
+        # Only an absent section means the demo backend.
+        ({"backends": []}, "backends", "remove the section"),
         ({"backends": [{"name": "a", "url": "http://h/mcp", "retries": 9}]}, "backends.0.retries", ""),
         ({"backends": [{"name": "a", "url": "http://h/mcp", "timeout_seconds": 0}]}, "backends.0.timeout_seconds",
          ""),
@@ -207,3 +221,4 @@ def test_the_http_sse_paths_must_not_shadow_the_endpoint():
         with pytest.raises(ConfigError) as info:
             load_settings(None, server={"path": "/mcp/messages", "legacy_sse_path": clash})
         assert "legacy_sse_path" in str(info.value)
+

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 
 from gateway.subscriptions.bus import LocalBus, RedisBus
+from tests.support.redis_shapes import plan_for
 
 
 async def _never() -> None:
@@ -16,7 +17,7 @@ async def _never() -> None:
 
 class Replica:
     def __init__(self, url: str, name: str, lease: float = 0.6) -> None:
-        self.bus = RedisBus(url, prefix="test", lease_seconds=lease, replica_id=name)
+        self.bus = RedisBus(plan_for(url), prefix="test", lease_seconds=lease, replica_id=name)
         self.events: list[dict] = []
         self.resyncs = 0
 
@@ -115,6 +116,41 @@ async def test_redis_outage_leaves_each_replica_working_alone(redis_server):
         await a.bus.aclose()
 
 
+async def test_a_stream_held_only_because_its_lease_failed_is_delivered_locally(redis_server):
+    # On Cluster a stream's lease can be on a lost master while the channel is not: every
+    # replica then holds the stream itself. Publishing its events to the bus as well would
+    # give every client each event once per replica; they are delivered locally instead.
+    # Here an ACL stands in for the lost slot: this user may use pub/sub but not the lease.
+    import redis.asyncio as aioredis
+
+    admin = aioredis.from_url(redis_server.url)
+    await admin.acl_setuser("gw", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                            commands=["+@all", "-set", "-evalsha", "-eval"])
+    url = f"redis://gw:pw@127.0.0.1:{redis_server.port}/0"
+    a, b = await Replica(url, "a").start(), await Replica(url, "b").start()
+    try:
+        assert await a.bus.acquire("s1") is True and await b.bus.acquire("s1") is True
+        await a.bus.publish({"t": "event", "k": "s1", "n": 1})
+        await b.bus.publish({"t": "event", "k": "s1", "n": 1})
+        # Another stream whose lease works as usual still goes over the bus.
+        await admin.acl_setuser("gw", commands=["+set", "+evalsha"])
+        assert await a.bus.acquire("s2") is True and await b.bus.acquire("s2") is False
+        await a.bus.publish({"t": "event", "k": "s2"})
+        await eventually(lambda: len(b.events) == 2)
+        assert a.events == [{"t": "event", "k": "s1", "n": 1}, {"t": "event", "k": "s2"}]
+        assert b.events == a.events
+        # The lease works again: s1 is coordinated once more, one holder, events on the bus.
+        assert await a.bus.renew("s1", None) is True and await b.bus.renew("s1", None) is False
+        await b.bus.release("s1")
+        await a.bus.publish({"t": "event", "k": "s1", "n": 2})
+        await eventually(lambda: len(b.events) == 3)
+        assert a.events[-1] == b.events[-1] == {"t": "event", "k": "s1", "n": 2}
+    finally:
+        await a.bus.aclose()
+        await b.bus.aclose()
+        await admin.aclose()
+
+
 async def test_local_bus_is_a_direct_call():
     bus = LocalBus()
     seen: list[dict] = []
@@ -132,7 +168,7 @@ async def test_a_handler_failure_does_not_end_the_subscription(redis_server):
     # One bad event (or a bug in a handler) must not silence the replica for good.
     import redis.asyncio as aioredis
 
-    from gateway.redis_pubsub import subscribe_forever
+    from gateway.redis_client.pubsub import subscribe_forever
 
     client = aioredis.from_url(redis_server.url)
     seen: list[bytes] = []
@@ -209,7 +245,7 @@ async def test_a_damaged_or_foreign_ack_in_redis_reads_as_no_ack(redis_server):
     admin = aioredis.from_url(redis_server.url)
     try:
         assert await a.bus.acquire("s1") and await a.bus.renew("s1", {"f": {"toolsListChanged": True}})
-        ack_key = "test:listen:s1:ack"
+        ack_key = "{test:listen:s1}:ack"
         for foreign in (b"not json", b"[1, 2]", b'"ack"', b"null"):
             await admin.set(ack_key, foreign)
             assert await b.bus.read_ack("s1") is None

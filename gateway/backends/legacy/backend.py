@@ -47,7 +47,7 @@ class LegacyBackend(Backend):
         super().__init__(settings)
         self.replica = replica if replica is not None else ReplicaContext.alone()
         # A call waits for a free session about as long as it would wait to connect.
-        self.pool = SessionPool(self.name, self._new_session, size=settings.session_pool_size,
+        self.pool = SessionPool(self.name, self._configured_session, size=settings.session_pool_size,
                                 idle_seconds=settings.session_idle_seconds,
                                 wait_seconds=settings.connect_timeout_seconds)
         self.listens = LegacyListens(self)
@@ -65,6 +65,12 @@ class LegacyBackend(Backend):
 
     def session_capabilities(self, client_capabilities: dict[str, Any]) -> dict[str, Any]:
         return translate.session_capabilities(client_capabilities)
+
+    def _configured_session(self, capabilities: dict[str, Any]) -> LegacySession:
+        """`_new_session`, told what answers a `roots/list` asked outside any client request."""
+        session = self._new_session(capabilities)
+        session.standalone_roots = tuple(root.model_dump(exclude_none=True) for root in self.settings.roots)
+        return session
 
     async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:
         """Start whatever carries notifications unrelated to requests (HTTP: the GET stream):
@@ -268,6 +274,12 @@ class LegacyBackend(Backend):
         missing = translate.missing_capability(message, call.client_capabilities)
         if missing is None:
             pending[f"r{message['id']}"] = message
+            return None
+        if method == "roots/list":
+            # The session declared roots for every client (stdio: one session for all), not
+            # because this client did: the gateway answers what it promised, with the
+            # configured roots, as it does outside a request, instead of failing the call.
+            await _respond(session, message["id"], result={"roots": list(session.standalone_roots)})
             return None
         # Never a hang: refuse it (and whatever else waits) upstream, stop the call, tell
         # the client what it lacks.

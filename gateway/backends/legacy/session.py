@@ -18,7 +18,8 @@ Where a message goes (`LegacySession.route`):
   only and never broadcasts;
 - anything else (log messages, server-to-client requests) → the exchange of
   the stream it arrived on, and nowhere when the stream belongs to no request: a log message
-  on the GET stream is dropped (§h.8), a request there is refused (§h.5).
+  on the GET stream is dropped (§h.8), a request there is refused (§h.5), except `roots/list`,
+  which the configured roots answer (a server that asks at start-up, before any request).
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ class LegacySession(abc.ABC):
         self._tasks: set[asyncio.Task[Any]] = set()
         # Called when the last request in flight is done: the pool may now close the session.
         self.on_idle: Callable[[], None] | None = None
+        # What a `roots/list` the backend sends outside any client request is answered with
+        # (legacy `Root` objects; the backend sets them from `backends[].roots`).
+        self.standalone_roots: tuple[Message, ...] = ()
 
     # -- what a transport implements ----------------------------------------------------
 
@@ -326,6 +330,11 @@ class LegacySession(abc.ABC):
                 self.spawn(self.respond(message["id"], result={}))
             elif origin is not None and not origin.done:
                 origin.put(message)
+            elif method == "roots/list":
+                # Asked outside any client request (at start-up, on the GET stream): no client
+                # to ask, so the configured roots answer (`backends[].roots`, default none).
+                # The session declared `roots`, so -32601 would read as a broken client.
+                self.spawn(self.respond(message["id"], result={"roots": list(self.standalone_roots)}))
             else:
                 # §h.5: a request unrelated to any client request cannot become MRTR.
                 self.spawn(self.respond(message["id"], error=(

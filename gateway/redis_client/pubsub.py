@@ -5,6 +5,11 @@ the same way.
 Redis pub/sub keeps nothing for absent subscribers, so after every reconnect the owner is told
 (`on_subscribed(after_loss=True)`) and can resynchronize. A failure in the owner's message
 handler is logged and the subscription goes on: one bad message must not silence a replica.
+
+On Redis Cluster the channel is sharded (SSUBSCRIBE, Redis 7): it lives on the master that
+owns the channel's slot, found from the cluster client's slot map. When that master is lost,
+or the slot moves (the server then sends `sunsubscribe`), the subscription is lost like any
+other: the slot map is read again and the new owner subscribed to, after the same backoff.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from gateway.redis_client.clients import AnyRedis
 
 log = logging.getLogger("gateway.redis")
 
@@ -30,8 +38,32 @@ async def _maybe_await(value: Any) -> None:
         await value
 
 
+async def _open(client: AnyRedis, channel: str) -> tuple[Any, aioredis.Redis | None, str]:
+    """A subscribed PubSub, the node client it runs on (Cluster only, closed with it) and the
+    message type its deliveries carry."""
+    if not isinstance(client, RedisCluster):
+        pubsub = client.pubsub()
+        await pubsub.subscribe(channel)
+        return pubsub, None, "message"
+    # A fresh slot map each time: after a failover the old owner is gone.
+    await client.nodes_manager.initialize()
+    node = client.get_node_from_key(channel)
+    pool = aioredis.ConnectionPool(connection_class=node.connection_class,
+                                   **{**node.connection_kwargs, "socket_timeout": None})
+    node_client = aioredis.Redis(connection_pool=pool)
+    pubsub = node_client.pubsub()
+    try:
+        await pubsub.ssubscribe(channel)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()
+            await node_client.aclose()
+        raise
+    return pubsub, node_client, "smessage"
+
+
 async def subscribe_forever(
-    client: aioredis.Redis,
+    client: AnyRedis,
     channel: str,
     *,
     on_message: Callable[[Any], Awaitable[None] | None],
@@ -44,14 +76,18 @@ async def subscribe_forever(
     delay = _INITIAL_DELAY
     lost = False
     while True:
-        pubsub = client.pubsub()
+        pubsub: Any = None
+        node_client: aioredis.Redis | None = None
         try:
-            await pubsub.subscribe(channel)
+            pubsub, node_client, delivery = await _open(client, channel)
             delay = _INITIAL_DELAY
             await _maybe_await(on_subscribed(lost))
             lost = False
             async for message in pubsub.listen():
-                if message.get("type") != "message":
+                kind = message.get("type")
+                if kind == "sunsubscribe":
+                    raise ConnectionError("the channel's slot moved to another node")
+                if kind != delivery:
                     continue
                 try:
                     await _maybe_await(on_message(message.get("data")))
@@ -67,13 +103,17 @@ async def subscribe_forever(
             on_error(exc)
         finally:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                if pubsub is not None:
+                    await pubsub.aclose()
+            with contextlib.suppress(Exception):
+                if node_client is not None:
+                    await node_client.aclose()
         # Jittered exponential backoff: replicas that lost Redis together do not reconnect in step.
         await asyncio.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, _MAX_DELAY)
 
 
-async def close_subscription(listener: asyncio.Task[None] | None, *clients: aioredis.Redis) -> None:
+async def close_subscription(listener: asyncio.Task[None] | None, *clients: AnyRedis) -> None:
     """Stop the task running `subscribe_forever` (if it was started) and close the owner's
     clients. Never raises: a shutdown goes on whatever state Redis is in."""
     if listener is not None:

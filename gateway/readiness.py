@@ -1,0 +1,121 @@
+"""Readiness: what /readyz answers, kept by background checks and read by the probe at once.
+
+A probe that waited on backends would take as long as the slowest one (the kubelet's 1 s
+timeout then marks every replica NotReady together). Here each backend has a small task that
+refreshes its discovery every `server.readiness_interval_seconds` and records the outcome;
+the probe only reads the record. `BackendStates` is the seam for per-backend health: anything
+that learns a backend's state (these checks, later ejection on call failures) calls `record`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import random
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+from gateway.protocol import jsonrpc as rpc
+
+if TYPE_CHECKING:
+    from gateway.backends.base import Backend
+
+log = logging.getLogger("gateway.readiness")
+
+Requirement = Literal["any", "all", "none"] | int
+
+
+class BackendState(enum.Enum):
+    UNKNOWN = "unknown"  # not checked yet
+    OK = "ok"
+    FAILING = "failing"
+
+
+class BackendStates:
+    """The last known state of every backend, and whether the process is draining. What
+    `report` shows is a name and a state only: error details (which carry upstream
+    addresses) go to the log, never to a probe's caller."""
+
+    def __init__(self, names: Iterable[str], requirement: Requirement = "any") -> None:
+        self._states = {name: BackendState.UNKNOWN for name in names}
+        self.requirement = requirement
+        self.draining = False
+
+    def record(self, name: str, state: BackendState, detail: str | None = None) -> None:
+        before = self._states.get(name)
+        self._states[name] = state
+        if state is not before:
+            if state is BackendState.FAILING:
+                log.warning("backend %s: not ready: %s", name, detail or "no detail")
+            elif state is BackendState.OK and before is BackendState.FAILING:
+                log.info("backend %s: ready again", name)
+
+    def state(self, name: str) -> BackendState:
+        return self._states[name]
+
+    def begin_drain(self) -> None:
+        self.draining = True
+
+    @property
+    def ready(self) -> bool:
+        if self.draining:
+            return False
+        ok = sum(state is BackendState.OK for state in self._states.values())
+        match self.requirement:
+            case "none":
+                return True
+            case "any":
+                return ok >= 1 or not self._states
+            case "all":
+                return ok == len(self._states)
+            case int(count):
+                return ok >= min(count, len(self._states))
+        return False
+
+    def report(self) -> dict[str, object]:
+        status = "draining" if self.draining else ("ready" if self.ready else "not ready")
+        return {"status": status, "backends": {name: s.value for name, s in self._states.items()}}
+
+
+class ReadinessChecks:
+    """One background task per backend: refresh its discovery, record the outcome, sleep."""
+
+    def __init__(self, states: BackendStates, backends: Iterable[Backend], interval: float) -> None:
+        self.states = states
+        self.backends = tuple(backends)
+        self.interval = interval
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._check_forever(b), name=f"readiness-{b.name}")
+                       for b in self.backends]
+
+    async def check(self, backend: Backend) -> BackendState:
+        """One check: a discovery no older than the interval (the request path keeps it fresh
+        for free), within the backend's list deadline (Backend.discover applies it)."""
+        try:
+            await backend.discover(max_age=self.interval)
+        except rpc.McpError as exc:
+            self.states.record(backend.name, BackendState.FAILING, exc.message)
+            return BackendState.FAILING
+        except Exception as exc:  # noqa: BLE001 - a check must never die; its state says failing
+            self.states.record(backend.name, BackendState.FAILING, f"{type(exc).__name__}: {exc}")
+            return BackendState.FAILING
+        self.states.record(backend.name, BackendState.OK)
+        return BackendState.OK
+
+    async def _check_forever(self, backend: Backend) -> None:
+        while True:
+            await self.check(backend)
+            # Jitter, so that a thousand backends are not all asked in the same instant.
+            await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []

@@ -1,0 +1,45 @@
+"""gateway/readiness.py: what "ready" requires, from recorded backend states."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.readiness import BackendState, BackendStates
+
+OK, FAILING, UNKNOWN = BackendState.OK, BackendState.FAILING, BackendState.UNKNOWN
+
+
+def states(requirement, *recorded: BackendState) -> BackendStates:
+    s = BackendStates([f"b{i}" for i in range(len(recorded))], requirement)
+    for i, state in enumerate(recorded):
+        s.record(f"b{i}", state, "detail")
+    return s
+
+
+@pytest.mark.parametrize(("requirement", "recorded", "ready"), [
+    ("any", (OK, FAILING, FAILING), True),
+    ("any", (FAILING, UNKNOWN), False),
+    ("all", (OK, OK), True),
+    ("all", (OK, FAILING), False),
+    ("all", (OK, UNKNOWN), False),
+    ("none", (FAILING, FAILING), True),
+    (2, (OK, FAILING, OK), True),
+    (2, (OK, FAILING, FAILING), False),
+    (5, (OK, OK), True),  # more than there are: all of them
+    ("any", (), True),
+])
+def test_requirement(requirement, recorded, ready):
+    assert states(requirement, *recorded).ready is ready
+
+
+def test_draining_is_never_ready_and_says_so():
+    s = states("none", OK)
+    s.begin_drain()
+    assert not s.ready
+    assert s.report() == {"status": "draining", "backends": {"b0": "ok"}}
+
+
+def test_the_report_holds_names_and_states_only():
+    s = states("any", OK, FAILING)
+    s.record("b1", FAILING, "connect to 10.0.0.7:8000 refused")
+    assert s.report() == {"status": "ready", "backends": {"b0": "ok", "b1": "failing"}}
