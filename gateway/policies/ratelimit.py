@@ -212,12 +212,11 @@ class RedisBuckets:
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str, timeout_seconds: float) -> RedisBuckets:
-        import redis.asyncio as aioredis  # a gateway without Redis never imports it
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from gateway.redis_client.clients import client_for
+        from gateway.redis_client.plan import plan_of
+        from gateway.settings import RedisSettings
 
-        client = aioredis.Redis.from_url(url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds,
-                                         retry=Retry(NoBackoff(), 0))
+        client = client_for(plan_of(RedisSettings(url=url)), timeout=timeout_seconds, connect_timeout=timeout_seconds)
         return cls(client, prefix=prefix, timeout_seconds=timeout_seconds)
 
     def key(self, bucket: Any) -> str:
