@@ -137,3 +137,44 @@ def test_fuzz_denied_names_are_never_listed_or_callable_and_cuts_never_cross(sec
         await cache.aclose()
 
     asyncio.run(run())
+
+
+# -- the request's record (observability/record.py) notes what governance decided -------------
+
+from gateway.observability.record import CURRENT, RequestRecord  # noqa: E402
+from gateway.policies.ratelimit import RateLimits  # noqa: E402
+
+
+async def test_the_request_record_notes_a_refusal_decided_in_the_dispatcher():
+    config = load_settings(None, auth=JWT, backends=[{"name": "a", "url": "http://127.0.0.1:1/a"}],
+                           authorization={"rules": [{"effect": "deny", "names": ["a__delete_*"]}]},
+                           rate_limits=[{"rate": "1/h", "burst": 1, "key": ["principal"], "methods": ["tools/call"]}])
+    a = backend("a")
+    await a.discover()
+    dispatcher = Dispatcher(RouteTable([Target(a, "a__")]), rules=RuleSet.from_settings(config),
+                            rate_limits=RateLimits.from_settings(config))
+    alice = Principal("alice", "https://idp.test", authenticated=True)
+    await dispatcher.dispatch(request("tools/list", alice))  # the route table learns the tools
+
+    async def dispatched(name: str) -> tuple[RequestRecord, Any]:
+        record = RequestRecord("rid", 0.0, "modern", {})
+        token = CURRENT.set(record)
+        try:
+            return record, await dispatcher.dispatch(request("tools/call", alice, name=name, arguments={}))
+        except rpc.McpError as exc:
+            return record, exc
+        finally:
+            CURRENT.reset(token)
+
+    record, denied = await dispatched("a__delete_c")
+    assert isinstance(denied, rpc.McpError) and denied.status == 403
+    assert (record.method, record.name, record.code) == ("tools/call", "a__delete_c", denied.code)
+    assert record.backend is None and a.methods.count("tools/call") == 0  # never reached the backend
+
+    record, reply = await dispatched("a__get_a")
+    assert "result" in reply.message
+    assert (record.backend, record.tool_label, record.code) == ("a", "a__get_a", None)
+
+    record, limited = await dispatched("a__get_b")  # the one call an hour was spent
+    assert isinstance(limited, rpc.McpError) and limited.status == 429
+    assert record.code == limited.code and a.methods.count("tools/call") == 1
