@@ -126,6 +126,14 @@ async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
         from gateway.observability import tracing
 
         tracing.configure(True, "console")  # every span exported, as JSON lines on stderr → a file
+    if args.governance:
+        # The rules and limits of bench/run.py's governance-call workload (memory limiter).
+        import yaml
+        from run import governance_yaml
+
+        governance = yaml.safe_load(governance_yaml("memory"))
+        governance.pop("cache", None)
+        extra.update(governance)
     settings = GatewaySettings(backends=[{"name": "bench", "url": backend_url, "era": era, "prefix": "", **backend_extra}],
                                cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"},
                                **extra)
@@ -162,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="backends[].auth: none, static headers, or a cached client-credentials token from "
                         "bench/token_server.py (issue 20)")
     p.add_argument("--backend", default="", help='extra backend settings as JSON, e.g. \'{"max_concurrent_calls": 1000}\'')
+    p.add_argument("--governance", action="store_true",
+                   help="with the 20 rules and 3 rate limits of bench/run.py governance-call")
     args = p.parse_args(argv)
     report = sys.stdout
     if args.access_log or args.tracing:

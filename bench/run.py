@@ -612,6 +612,34 @@ def wl_passthrough_credentials(ctx: Context) -> list[Target]:
     ]
 
 
+def governance_yaml(limit_store: str) -> str:
+    """20 authorization rules (none of which denies echo; the last one allows it) and 3 rate
+    limits high enough never to refuse: what a governed pass-through pays per call."""
+    rules = [{"effect": "deny", "names": [f"team{i}_*", f"*_t{i}"], "methods": ["tools/call", "prompts/get"]}
+             for i in range(18)]
+    rules += [{"effect": "deny", "names": ["*__delete_*"]}, {"effect": "allow", "names": ["echo", "tool_*"]}]
+    limits = [{"rate": "1000000/s", "burst": 1000000, "key": ["principal"]},
+              {"rate": "1000000/s", "burst": 1000000, "key": ["principal", "name"], "methods": ["tools/call"]},
+              {"rate": "1000000/m", "burst": 1000000, "key": ["backend"], "names": ["ech*"]}]
+    cache = "cache: {store: memory}\n" if limit_store == "memory" else limit_store
+    return (cache + "authorization: " + json.dumps({"default": "deny", "rules": rules}) + "\n"
+            + "rate_limits: " + json.dumps(limits) + "\n")
+
+
+def wl_governance_call(ctx: Context) -> list[Target]:
+    """passthrough-call with and without 20 rules and 3 rate limits (memory, then Redis)."""
+    be = ctx.backend("modern", tools=10)
+    one = [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]
+    redis = f"cache: {{store: redis, redis_url: '{ctx.redis()}'}}\n"
+    return [
+        ctx.gateway_target(CALL_ECHO, check_call, one),
+        ctx.gateway_target(CALL_ECHO, check_call, one, name="gateway-governed",
+                           extra_yaml=governance_yaml("memory")),
+        ctx.gateway_target(CALL_ECHO, check_call, one, name="gateway-governed-redis",
+                           extra_yaml=governance_yaml(redis)),
+    ]
+
+
 def wl_tools_list(ctx: Context) -> list[Target]:
     # ttlMs 0: the result is immediately stale, so a spec-following gateway forwards every
     # request (this measures the list pass-through path, not the cache; see cache-hit-*).
@@ -952,6 +980,9 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
     "passthrough-credentials": (wl_passthrough_credentials,
                                 "tools/call pass-through: no backend credentials vs auth headers vs a"
                                 " cached client-credentials token", False),
+    "governance-call": (wl_governance_call,
+                        "tools/call pass-through with no rules vs 20 rules + 3 rate limits (memory,"
+                        " Redis)", False),
     "tools-list": (wl_tools_list,
                    "tools/list (50 tools, ttlMs 0 = not cacheable): direct, nginx, gateway", True),
     "legacy-direct": (wl_legacy_direct,

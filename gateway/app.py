@@ -3,11 +3,12 @@
 The request pipeline is declared here, in order, as data (the shape of Starlette's
 `Middleware` list):
 
-    telemetry → host (loopback or allowed_hosts) → origin → authenticate → size limits → MCP endpoint
+    telemetry → host (loopback or allowed_hosts) → origin → authenticate → authorize → size limits → MCP endpoint
                                                                   (parse → validate → route →
                                                                    cache → forward → rewrite)
 
-Host, origin, authentication and size limits decide from the head alone: `wrap` runs such a
+Host, origin, authentication, authorization (where Mcp-Method / Mcp-Name suffice) and size
+limits decide from the head alone: `wrap` runs such a
 row as one step (policies/head.py), and each refuses with an `McpError`. Everything after
 "size limits" runs in `McpEndpoint` and `Dispatcher`, because it needs the body. Paths are matched by exact lookup:
 the hot path pays for no regex router.
@@ -30,6 +31,7 @@ from gateway.observability import metrics
 from gateway.observability.logs import AccessLog
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
+from gateway.policies.authorization import Authorization, PrefixResolver, RuleSet
 from gateway.policies.head import HeadPhase, HeadPolicy
 from gateway.policies.jwt_auth import JwtAuth
 from gateway.policies.jwt_config import metadata_paths
@@ -48,7 +50,7 @@ log = logging.getLogger("gateway.app")
 OPERATIONAL_PATHS = ops.PATHS
 
 
-def pipeline(settings: GatewaySettings) -> list[Middleware]:
+def pipeline(settings: GatewaySettings, rules: RuleSet | None = None) -> list[Middleware]:
     """The header-phase policies, outermost first."""
     server = settings.server
     steps: list[Middleware] = [Middleware(RequestTelemetry, **telemetry_options(settings))]
@@ -64,6 +66,9 @@ def pipeline(settings: GatewaySettings) -> list[Middleware]:
         steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths, mcp_path=server.path))
     else:
         steps.append(Middleware(NoAuth))
+    if rules is not None:
+        # Decided from Mcp-Method / Mcp-Name where they suffice; the dispatcher decides the rest.
+        steps.append(Middleware(Authorization, rules=rules, resolver=PrefixResolver(settings), mcp_paths=(server.path,)))
     steps.append(Middleware(RequestLimits, max_body_bytes=server.max_body_bytes))
     return steps
 
@@ -142,7 +147,7 @@ class GatewayApp:
         if settings.auth.mode == "jwt":
             metadata = ProtectedResourceMetadata(settings.auth)
             self.routes.update({path: metadata for path in metadata_paths(settings.auth, server.path)})
-        self.app = wrap(self._route, pipeline(settings))
+        self.app = wrap(self._route, pipeline(settings, self.runtime.rules))
         _export_gauges(self)
 
     async def begin_shutdown(self) -> None:

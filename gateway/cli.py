@@ -280,6 +280,50 @@ def cmd_cache_flush(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pins(args: argparse.Namespace) -> int:
+    settings = _load_or_print_problems(args.config)
+    if settings is None:
+        return 1
+    from gateway.routing.pins import store_of
+
+    pinned_backends = {b.name for b in settings.backends if b.pin != "off"}
+    if args.pins_command == "accept" and args.backend not in pinned_backends:
+        print(f"pins accept: no backend named {args.backend!r} has pin: warn or block", file=sys.stderr)
+        return 1
+
+    async def run() -> int:
+        store = store_of(settings)
+        try:
+            if args.pins_command == "accept":
+                accepted = await store.accept(args.backend, args.tool)
+                if not accepted:
+                    what = f"tool {args.tool!r} of " if args.tool else ""
+                    print(f"pins accept: nothing to accept for {what}backend {args.backend!r}", file=sys.stderr)
+                    return 1
+                print(f"accepted the new definition of {', '.join(sorted(accepted))} ({args.backend}); "
+                      f"running gateways serve it within seconds")
+                return 0
+            pinned, pending = await store.load()
+            for backend in sorted(pinned_backends):
+                tools = pinned.get(backend, {})
+                changes = pending.get(backend, {})
+                print(f"{backend}: {len(tools)} pinned, {len(changes)} changed")
+                for tool in sorted(changes):
+                    change = changes[tool]
+                    definition = change.get("definition") or {}
+                    print(f"  CHANGED {tool}: pinned {change.get('pinned', '?')[:12]} -> now {change['digest'][:12]}; "
+                          f"description now: {definition.get('description', '')!r}")
+            return 0
+        finally:
+            await store.aclose()
+
+    try:
+        return asyncio.run(run())
+    except Exception as exc:
+        print(f"pins: cannot reach the pin store: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
 def cmd_healthcheck(args: argparse.Namespace) -> int:
     """Exit 0 when this configuration's /healthz (on the ops listener when there is one)
     answers 200: the image's HEALTHCHECK, and compose's, without a port written twice."""
@@ -344,6 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
     p.add_argument("--backend", help="only this backend's entries")
     p.set_defaults(func=cmd_cache_flush)
+
+    p = sub.add_parser("pins", help="pinned tool definitions (backends[].pin)")
+    pins_sub = p.add_subparsers(dest="pins_command", required=True)
+    p = pins_sub.add_parser("list", help="what is pinned, and which definitions changed")
+    p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
+    p.set_defaults(func=cmd_pins)
+    p = pins_sub.add_parser("accept", help="accept the changed definitions of a backend (or one tool)")
+    p.add_argument("backend")
+    p.add_argument("tool", nargs="?")
+    p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")
+    p.set_defaults(func=cmd_pins)
 
     p = sub.add_parser("healthcheck", help="exit 0 when the running gateway's /healthz answers 200")
     p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV})")

@@ -24,6 +24,8 @@ from gateway.deadlines import within
 from gateway.observability import tracing
 from gateway.observability.backend_call import BackendCall
 from gateway.observability.record import CURRENT, RequestRecord
+from gateway.policies.authorization import DECIDED_METHODS, USE_OF_LIST, RuleSet, call_target
+from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call, check_param_headers
@@ -38,6 +40,9 @@ SERVER_INFO = {"name": "mcp-gateway", "version": __version__}
 _MAX_TOOL_LABELS = 2000
 # Re-read a backend's tools/list at most this often when a call names a tool the index lacks.
 _TOOL_INDEX_REFRESH_SECONDS = 5.0
+# The field that names an item of each list, and what kind of name it is.
+_ITEM_NAME = {"tools": ("name", "tools"), "prompts": ("name", "prompts"), "resources": ("uri", None),
+              "resourceTemplates": ("uriTemplate", None)}
 # Re-list the fleet's resources at most this often when a read names a URI the index lacks.
 _RESOURCE_INDEX_REFRESH_SECONDS = 5.0
 
@@ -90,8 +95,14 @@ class Budget:
 
 class Dispatcher:
     def __init__(self, table: RouteTable, *, cache: ResponseCache | None = None, hub: Hub | None = None,
-                 instructions: str | None = None) -> None:
+                 instructions: str | None = None, rules: RuleSet | None = None,
+                 rate_limits: RateLimits | None = None) -> None:
         self.table = table
+        # Governance (docs/governance.md): decided here for every request, whichever door it
+        # came in by (modern, initialize-era, HTTP+SSE); None when not configured.
+        self.rules = rules
+        self.rate_limits = rate_limits
+        self._governed = rules is not None or rate_limits is not None
         self.cache: ResponseCache = cache or NoCache()
         self.hub = hub
         self.instructions = instructions
@@ -138,7 +149,20 @@ class Dispatcher:
 
     def _route(self, call: Call) -> Awaitable[Reply]:
         """The handler's coroutine for this call, not awaited: `dispatch` awaits it, so the
-        record's bookkeeping adds no coroutine frame per request."""
+        record's bookkeeping adds no coroutine frame per request. Governance decides first: a
+        refusal (403, 429) is raised from here, inside `dispatch`, so the record notes it."""
+        if self._governed:
+            pending = self._govern(call)
+            if pending is not None:
+                return self._route_when_admitted(pending, call)
+        return self._handle(call)
+
+    async def _route_when_admitted(self, pending: Awaitable[None], call: Call) -> Reply:
+        """The shared (Redis) rate limiter's answer first, then the handler."""
+        await pending
+        return await self._handle(call)
+
+    def _handle(self, call: Call) -> Awaitable[Reply]:
         method = call.method
         if method == "server/discover":
             return self._discover(call)
@@ -155,8 +179,58 @@ class Dispatcher:
         if spec.stream_only:
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
+            if self.rules is not None:
+                return self._visible_listen(call)
             return self.hub.listen(call, self.table.targets)
         raise rpc.method_not_found(method, call.id)
+
+    # -- governance -------------------------------------------------------------------------
+
+    def _govern(self, call: Call) -> Awaitable[None] | None:
+        """Authorization rules, then rate limits; raises the refusal (403, 429). Synchronous
+        unless a shared (Redis) limiter must be asked: then the awaitable that asks it."""
+        method = call.method
+        name, uri = call_target(method, call.params, call.name) if method in DECIDED_METHODS else (None, None)
+        backend = self._backend_of(name, uri, "tools" if method == "tools/call" else "prompts")
+        if self.rules is not None and method in DECIDED_METHODS:
+            decision = self.rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
+            if not decision.allowed:
+                raise self.rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
+        if self.rate_limits is not None:
+            return self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
+        return None
+
+    async def _visible_listen(self, call: Call) -> Reply:
+        """A listen that carries only what this caller may see: subscriptions to URIs it may
+        not read are never made, and an update for a URI it may not read (under a prefix it
+        subscribed to) is not delivered (docs/governance.md)."""
+        rules = self.rules
+        assert rules is not None and self.hub is not None
+        principal = call.principal
+
+        def may_read(uri: Any) -> bool:
+            return isinstance(uri, str) and rules.allows(principal, "resources/read", uri=uri,
+                                                         backend=self._backend_of(None, uri))
+
+        wire = call.params.get("notifications")
+        if isinstance(wire, dict) and isinstance(wire.get("resourceSubscriptions"), list):
+            uris = wire["resourceSubscriptions"]
+            visible = [u for u in uris if not isinstance(u, str) or may_read(u)]
+            if len(visible) != len(uris):
+                call = call.with_params({**call.params, "notifications": {**wire, "resourceSubscriptions": visible}})
+        reply = await self.hub.listen(call, self.table.targets)
+        if reply.stream is not None:
+            reply.stream = _VisibleNotifications(reply.stream, may_read)
+        return reply
+
+    def _backend_of(self, name: str | None, uri: str | None, kind: str = "tools") -> str | None:
+        if name is not None:
+            resolved = self.table.resolve_name(name, kind)
+            return resolved[0].backend.name if resolved is not None else None
+        if uri is not None:
+            target = self.table.resolve_uri(uri)
+            return target.backend.name if target is not None else None
+        return None
 
     # -- capability view of the fleet -----------------------------------------------------
 
@@ -205,9 +279,13 @@ class Dispatcher:
         targets = self.capable(call.spec.capability)
         if not targets:
             raise rpc.method_not_found(call.method, call.id)
+        if self.table.pins is not None and call.method == "tools/list":
+            await self.table.pins.reload_if_stale()  # an accept made elsewhere shows within seconds
         again = self.cache.assembled_again(call, targets, self.table.revision)
         if again is not None:
             message, body = again
+            if self.rules is not None:
+                return Reply("gateway", message=self._visible_items(call, message), headers=_CACHE_HIT)
             return Reply("gateway", message=message, raw=body, headers=_CACHE_HIT)
         outcomes: list[Outcome] = []
         sources: list[Source] = []
@@ -227,8 +305,39 @@ class Dispatcher:
             # Assembled from fresh entries only, none left out (a partial answer has ttlMs 0):
             # the same request is answered from this until one of them changes.
             self.cache.keep_assembled(call, targets, self.table.revision, sources, result)
-        return Reply("gateway", message=rpc.result_message(call.id, result),  # type: ignore[arg-type]
-                     headers=_cache_header(outcomes))
+        message = rpc.result_message(call.id, result)  # type: ignore[arg-type]
+        if self.rules is not None:
+            message = self._visible_items(call, message)
+        return Reply("gateway", message=message, headers=_cache_header(outcomes))
+
+    def _visible_items(self, call: Call, message: Message) -> Message:
+        """The list as this caller may use it: an item is listed when the call that uses it is
+        allowed (policies/authorization.py). The cache keeps the fleet's unfiltered answer,
+        shared by every caller, and each answer is cut here with the rules of the moment: a
+        cached answer cannot outlive a change of the rules, and no caller can be handed
+        another's cut (bench/README.md "Governance" measured this against caching each cut).
+        The cut is per caller, so it is `private` (spec: caching §cacheScope)."""
+        rules = self.rules
+        assert rules is not None and call.spec is not None
+        result = message.get("result")
+        key = call.spec.list_key
+        if not isinstance(result, dict) or key not in _ITEM_NAME or not isinstance(result.get(key), list):
+            return message
+        field_name, kind = _ITEM_NAME[key]
+        use = USE_OF_LIST[call.method]
+        principal = call.principal
+        kept = []
+        for item in result[key]:
+            name = item.get(field_name) if isinstance(item, dict) else None
+            if not isinstance(name, str):
+                continue
+            if kind is not None:
+                allowed = rules.allows(principal, use, name=name, backend=self._backend_of(name, None, kind))
+            else:
+                allowed = rules.allows(principal, use, uri=name, backend=self._backend_of(None, name))
+            if allowed:
+                kept.append(item)
+        return {**message, "result": {**result, key: kept, "cacheScope": "private"}}
 
     async def _list_page(self, target: Target, call: Call) -> Message:
         """One backend's page, within its `list_timeout_seconds`: a late backend is left out of
@@ -256,7 +365,7 @@ class Dispatcher:
             # is -32602 (TOOLS). Forwarded, it reached the backend as something no tool can
             # take, and an `x-mcp-header` argument could not be found in it (§b.2).
             raise rpc.invalid_params(f'"params.arguments" of {call.method} must be an object', call.id)
-        resolved = self.table.resolve_name(call.name)
+        resolved = self.table.resolve_name(call.name, "tools" if kind == "tool" else "prompts")
         if resolved is None:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
                                      data={"name": call.name})
@@ -264,6 +373,15 @@ class Dispatcher:
         record = CURRENT.get()
         if record is not None and call.method == "tools/call":
             record.tool_label = self._tool_label(target, upstream_name, call.name)
+        if call.method == "tools/call" and self.table.pins is not None:
+            # Before the budget: the pin store is the gateway's, not the backend's, and its
+            # reads are bounded on their own (a failed read keeps the last copy, pins.py);
+            # a slow store must not count against the backend's health.
+            await self.table.pins.reload_if_stale()
+            reason = self.table.pins.withheld(target.backend.name, upstream_name)
+            if reason is not None:
+                raise rpc.invalid_params(reason[0].upper() + reason[1:], call.id,
+                                         data={"backend": target.backend.name, "name": call.name, "pin": "changed"})
         budget = Budget(target, call)
         try:
             with budget.timeout:
@@ -394,7 +512,7 @@ class Dispatcher:
         if not isinstance(ref, dict):
             raise rpc.invalid_params('"ref" must be an object', call.id)
         if ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str):
-            resolved = self.table.resolve_name(ref["name"])
+            resolved = self.table.resolve_name(ref["name"], "prompts")
             if resolved is None:
                 raise rpc.invalid_params(f"Unknown prompt: {ref['name']!r}", call.id)
             target, upstream = resolved
@@ -589,6 +707,36 @@ async def _chain(first: Message, rest: AsyncIterator[Message]) -> AsyncIterator[
     yield first
     async for msg in rest:
         yield msg
+
+
+class _VisibleNotifications:
+    """A listen stream without the `resources/updated` notifications its caller may not see.
+    Cancel-safe when the stream it wraps is (a cancelled wait loses nothing: the skip happens
+    only after a message arrived)."""
+
+    def __init__(self, stream: AsyncIterator[Message], may_read: Any) -> None:
+        self._stream = stream
+        self._may_read = may_read
+        self.cancel_safe_next = getattr(stream, "cancel_safe_next", False)
+
+    def __aiter__(self) -> _VisibleNotifications:
+        return self
+
+    async def __anext__(self) -> Message:
+        while True:
+            message = await self._stream.__anext__()
+            if message.get("method") == "notifications/resources/updated":
+                params = message.get("params")
+                if not (isinstance(params, dict) and self._may_read(params.get("uri"))):
+                    continue
+            return message
+
+    async def aclose(self) -> None:
+        await aclose(self._stream)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the endpoint or the hub asks of the stream (its granted filter, ...).
+        return getattr(self._stream, name)
 
 
 def merge_capabilities(all_caps: list[dict[str, Any]]) -> dict[str, Any]:

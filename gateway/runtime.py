@@ -13,8 +13,12 @@ from gateway.backends.replica import ReplicaContext
 from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
 from gateway.dispatch import Dispatcher, Hub
+from gateway.policies.authorization import RuleSet
+from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.readiness import BackendState, BackendStates, ReadinessChecks
+from gateway.routing.curation import Curation
+from gateway.routing.pins import Pins
 from gateway.routing.table import RouteTable, Target
 from gateway.settings import GatewaySettings
 from gateway.subscriptions import build_hub
@@ -31,12 +35,18 @@ class Runtime:
         self.backends = backends if backends is not None else [
             create_backend(b, self.replica) for b in settings.backends]
         self.table = RouteTable(
-            [Target(backend, settings.prefix_of(backend.settings)) for backend in self.backends],
+            [Target(backend, settings.prefix_of(backend.settings), Curation.of(backend.settings))
+             for backend in self.backends],
             max_uris=settings.server.max_resource_uris,
         )
+        self.table.pins = Pins.from_settings(settings, on_change=self._pins_changed)
         self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
         self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
-        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub)
+        # Governance, compiled once (docs/governance.md): None when not configured.
+        self.rules = RuleSet.from_settings(settings)
+        self.rate_limits = RateLimits.from_settings(settings)
+        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub, rules=self.rules,
+                                     rate_limits=self.rate_limits)
         self._discovery: asyncio.Task[None] | None = None
         # Active health checks (backends/health_checks.py); their state feeds /readyz.
         self.health_checks = HealthChecks(self.backends)
@@ -53,7 +63,13 @@ class Runtime:
         if not up:
             self.readiness.record(name, BackendState.FAILING, reason)
 
+    def _pins_changed(self) -> None:
+        # What is withheld changed: no kept aggregated list may be reused (cache/assembled.py).
+        self.table.revision += 1
+
     async def start(self) -> None:
+        if self.table.pins is not None:
+            await self.table.pins.reload()
         await asyncio.gather(*(b.start() for b in self.backends))
         await self.cache.start()
         await self.hub.start()
@@ -97,6 +113,10 @@ class Runtime:
         await self.health_checks.aclose()
         await self.hub.aclose()
         await self.cache.aclose()
+        if self.rate_limits is not None:
+            await self.rate_limits.aclose()
+        if self.table.pins is not None:
+            await self.table.pins.aclose()
         await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
 
 

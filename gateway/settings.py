@@ -371,6 +371,29 @@ class HealthSettings(_Frozen):
     canary: CanarySettings | None = None
 
 
+class CurationSettings(_Frozen):
+    """What a backend shows of its tools, prompts or resources (routing/curation.py), by its
+    own names (resources: URIs), before the prefix."""
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    rename: dict[str, str] = Field(default_factory=dict)
+    descriptions: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CurationSettings:
+        shown = list(self.rename.values())
+        dupes = sorted({n for n in shown if shown.count(n) > 1})
+        if dupes:
+            raise ValueError(f"rename: two names renamed to {', '.join(dupes)}")
+        for own, new in self.rename.items():
+            if not new:
+                raise ValueError(f"rename.{own}: the new name is empty")
+            if new in self.rename and new != own:
+                raise ValueError(f"rename.{own}: {new!r} is itself renamed; a name can be renamed once")
+        return self
+
+
 class RootSettings(_Frozen):
     """One root an initialize-era backend is told about when it asks `roots/list` outside a
     client request (legacy schema `Root`: a `file://` URI and an optional display name)."""
@@ -474,6 +497,13 @@ class BackendSettings(_Frozen):
     retry_budget_min_per_second: Annotated[float, Field(ge=0)] = 5.0
     retry_backoff_seconds: Annotated[float, Field(ge=0)] = 0.025
     retry_backoff_max_seconds: Annotated[float, Field(ge=0)] = 0.5
+    # Curation (routing/curation.py; docs/governance.md): what this backend shows.
+    tools: CurationSettings | None = None
+    prompts: CurationSettings | None = None
+    resources: CurationSettings | None = None
+    # Pinned tool definitions (routing/pins.py): a tool whose definition changes after it was
+    # first seen is logged and counted (warn) or withheld until `pins accept` (block).
+    pin: Literal["off", "warn", "block"] = "off"
     # Initialize-era backends that ask `roots/list` outside any client request (at start-up,
     # say) get these; empty: an empty list. Asked during a client's call, the question goes
     # to that client (MRTR) as before. docs/legacy.md "Roots".
@@ -553,6 +583,8 @@ class BackendSettings(_Frozen):
         if self.transport == "sse" and self.era == "modern":
             raise FieldError("era", "transport 'sse' (HTTP+SSE, 2024-11-05) is initialize-era: "
                                     "era must be 'legacy' or 'auto'")
+        if self.resources is not None and (self.resources.rename or self.resources.descriptions):
+            raise FieldError("resources", "only include and exclude apply (URIs are not renamed)")
         if len(self.endpoint_urls) > 1 and (self.era != "modern" or self.transport == "sse"):
             raise FieldError("urls", "several endpoints need era: modern and Streamable HTTP in this build "
                                      "(initialize-era sessions pinned to an endpoint are not built yet)")
@@ -714,6 +746,9 @@ class AuthSettings(_Frozen):
     jwks_cache_seconds: Annotated[float, Field(gt=0)] = 300.0
     jwks_min_refresh_seconds: Annotated[float, Field(ge=0)] = 30.0
     jwks_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # Token claims kept on the Principal (e.g. groups, tenant), for the `authorization` rules
+    # and `rate_limits` keys (docs/governance.md). Others are dropped after verification.
+    claims: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self) -> AuthSettings:
@@ -814,6 +849,68 @@ def section_redis(block: RedisSettings | None, url: str | None) -> RedisSettings
     return RedisSettings(url=url) if url is not None else None
 
 
+# -- governance: authorization rules and rate limits (docs/governance.md) -------------------
+
+_Globs = tuple[Annotated[str, Field(min_length=1)], ...]
+
+
+class RuleCondition(_Frozen):
+    """What the caller must hold for a rule to apply: every scope, and every claim (a claim
+    holds when it equals one of the values, or is a list that contains one)."""
+
+    scopes: tuple[str, ...] = ()
+    claims: dict[str, str | tuple[str, ...]] = Field(default_factory=dict)
+
+
+class AuthorizationRule(_Frozen):
+    effect: Literal["allow", "deny"]
+    # Unset: any. Globs for names (as the client sees them) and URIs.
+    methods: tuple[str, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    names: _Globs | None = None
+    uris: _Globs | None = None
+    when: RuleCondition = RuleCondition()
+    # A label for errors and logs; default "rules.<index>".
+    id: str | None = None
+
+
+class AuthorizationSettings(_Frozen):
+    """Who may call what (policies/authorization.py): first matching rule wins."""
+
+    default: Literal["allow", "deny"] = "allow"
+    rules: tuple[AuthorizationRule, ...] = ()
+
+
+class RateLimit(_Frozen):
+    """One limit (policies/ratelimit.py): `rate` requests per second/minute/hour with `burst`
+    at once, counted per value of `key`, for the calls its globs match."""
+
+    rate: Annotated[str, Field(pattern=r"^\s*\d+(\.\d+)?\s*/\s*(s|m|h)\s*$")]
+    burst: Annotated[int, Field(gt=0)] | None = None
+    # What a bucket is per: principal, name, backend, method, claim:<name>; combined.
+    key: tuple[str, ...] = ("principal",)
+    methods: tuple[str, ...] | None = None
+    names: _Globs | None = None
+    backends: tuple[str, ...] | None = None
+    id: str | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for part in v:
+            if part not in ("principal", "name", "backend", "method") and not (
+                    part.startswith("claim:") and len(part) > len("claim:")):
+                raise ValueError(f"{part!r} is not principal, name, backend, method or claim:<name>")
+        if not v:
+            raise ValueError("must name at least one of principal, name, backend, method, claim:<name>")
+        return v
+
+
+class PinSettings(_Frozen):
+    # Where pins are kept without Redis (with cache.store: redis they are in Redis).
+    file: str = "mcp-gateway-pins.json"
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True,
@@ -828,6 +925,9 @@ class GatewaySettings(BaseSettings):
     security: SecuritySettings = SecuritySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     subscriptions: SubscriptionSettings = SubscriptionSettings()
+    authorization: AuthorizationSettings = AuthorizationSettings()
+    rate_limits: tuple[RateLimit, ...] = ()
+    pins: PinSettings = PinSettings()
     # The Redis every section shares unless it names its own (docs/scale.md).
     redis: RedisSettings = RedisSettings()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
@@ -881,6 +981,12 @@ class GatewaySettings(BaseSettings):
                         f"backends {self.backends[i].name!r} and {self.backends[j].name!r} have overlapping name "
                         f"prefixes {p!r} and {q!r}: a tool name could not be routed unambiguously"
                     )
+        # Kept beside the policies, so every rule about rules lives with the code that runs them.
+        from gateway.policies.authorization import check_authorization
+        from gateway.policies.ratelimit import check_rate_limits
+
+        check_authorization(self)
+        check_rate_limits(self)
         return self
 
     def cache_redis(self) -> RedisSettings:

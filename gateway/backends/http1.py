@@ -28,7 +28,7 @@ import collections
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -38,6 +38,9 @@ from gateway.backends.errors import (UPSTREAM_FAILURES, ConnectError, ConnectTim
                                      UpstreamConnectionError, gateway_error, upstream_errors)
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
+
+if TYPE_CHECKING:
+    from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.http1")
 

@@ -219,9 +219,9 @@ class JwtAuth(HeadPolicy):
         self.scopes = ScopeRules.from_settings(auth)
         self.metadata_url = metadata_url(auth)
         self.open_paths = frozenset(p.rstrip("/") or "/" for p in open_paths)
-        # The token claims a principal carries (`Principal.claims`); none are configured yet
-        # (the governance rules of issue 19 will name them in `auth.claims`).
-        self.claim_names: tuple[str, ...] = ()
+        # The token claims a principal carries (`Principal.claims`), for authorization rules
+        # and rate limit keys (`auth.claims`; docs/governance.md).
+        self.claim_names: tuple[str, ...] = tuple(auth.claims)
 
     async def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         if scope.get("query_string") and _has_query_token(scope["query_string"]):

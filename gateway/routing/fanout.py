@@ -165,15 +165,26 @@ def _present(method: str, table: RouteTable, target: Target, page: list[Any], *,
              ) -> list[Any]:
     """A backend's page as clients see it: names prefixed, routing indexes fed (`first` and
     `last` say where the page sits in the backend's own listing)."""
+    curation = target.curation
     if method == "tools/list":
         page = table.filter_tools(target, page)
+        if table.pins is not None:
+            page = table.pins.present(target.backend.name, page)  # the backend's own definitions
+        if curation is not None and curation.tools is not None:
+            page = curation.tools.present(page, "name")  # before the prefix (routing/curation.py)
         return [_renamed(item, target) for item in page] if target.prefix else page
     if method == "prompts/list":
+        if curation is not None and curation.prompts is not None:
+            page = curation.prompts.present(page, "name")
         return [_renamed(item, target) for item in page if isinstance(item, dict)] if target.prefix else page
     if method == "resources/list":
         table.learn_resources(target, page, first=first, last=last)
+        if curation is not None and curation.resources is not None:
+            page = curation.resources.present(page, "uri")
     elif method == "resources/templates/list":
         table.learn_templates(target, page, first=first, last=last)
+        if curation is not None and curation.resources is not None:
+            page = curation.resources.present(page, "uriTemplate")
     return page
 
 

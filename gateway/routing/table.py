@@ -24,6 +24,8 @@ import orjson
 
 from gateway.backends.base import Backend
 from gateway.protocol import headers as h
+from gateway.routing.curation import Curation
+from gateway.routing.pins import Pins
 
 log = logging.getLogger("gateway.routing")
 
@@ -32,9 +34,11 @@ log = logging.getLogger("gateway.routing")
 class Target:
     backend: Backend
     prefix: str
+    # What the backend shows (routing/curation.py); None: everything, as it names it.
+    curation: Curation | None = None
 
     def expose(self, name: str) -> str:
-        """The name a client sees for the backend's `name`."""
+        """The name a client sees for the backend's `name` (already curated)."""
         return self.prefix + name
 
 
@@ -69,24 +73,40 @@ class RouteTable:
         self._param_headers: dict[str, dict[str, tuple[h.ParamHeader, ...]]] = {}
         # Per backend: the last tools list filtered (held, so `is` is a sound test) and its result.
         self._filtered: dict[str, tuple[list[Any], list[Any]]] = {}
+        # Pinned tool definitions (routing/pins.py), set by the runtime; None: no backend pins.
+        self.pins: Pins | None = None
         # Bumped whenever a list may have taught the table something: an aggregated answer kept
         # for reuse (cache/assembled.py) is only reused while this has not moved.
         self.revision = 0
 
     # -- names ----------------------------------------------------------------------------
 
-    def resolve_name(self, exposed: str) -> tuple[Target, str] | None:
-        """(target, the backend's own name) for a client-visible tool or prompt name."""
+    def resolve_name(self, exposed: str, kind: str = "tools") -> tuple[Target, str] | None:
+        """(target, the backend's own name) for a client-visible tool or prompt name (`kind`
+        "tools" or "prompts"); None for a name no backend shows."""
         for n in self._lengths:
             if len(exposed) > n:
                 target = self._prefixes.get(exposed[:n])
                 if target is not None:
-                    return target, exposed[n:]
+                    name = exposed[n:]
+                    if target.curation is not None:
+                        selection = target.curation.selection(kind)
+                        if selection is not None:
+                            own = selection.upstream(name)
+                            return (target, own) if own is not None else None
+                    return target, name
         return None
 
     # -- resource URIs --------------------------------------------------------------------
 
     def resolve_uri(self, uri: str) -> Target | None:
+        """The target that serves `uri`; None when none does, or when its owner hides it."""
+        target = self._resolve_uri(uri)
+        if target is not None and target.curation is not None and not target.curation.shows_uri(uri):
+            return None
+        return target
+
+    def _resolve_uri(self, uri: str) -> Target | None:
         for prefix, t in self._uri_prefixes:
             if uri.startswith(prefix):
                 return t

@@ -204,6 +204,8 @@ class RecordingBackend:
         self.requests: list[tuple[list[tuple[bytes, bytes]], bytes]] = []
         # The caching hints of tools/list (default: not cacheable).
         self.list_cache = list_cache or {"ttlMs": 0, "cacheScope": "private"}
+        # What tools/list answers; a test may change a definition between two lists.
+        self.tools: list[dict[str, Any]] = [{"name": "echo", "inputSchema": {"type": "object"}}]
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = await read_body(receive)
@@ -219,7 +221,7 @@ class RecordingBackend:
                       "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "recorder", "version": "1"}},
                       "ttlMs": 0, "cacheScope": "private"}
         elif method == "tools/list":
-            result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}], **self.list_cache}
+            result = {"tools": self.tools, **self.list_cache}
         elif method == "tools/call":
             result = {"content": [{"type": "text", "text": "echoed"}], "isError": False}
         else:
