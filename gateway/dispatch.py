@@ -319,18 +319,32 @@ class Dispatcher:
         return reply
 
     async def _final(self, target: Target, call: Call) -> Message:
-        reply = await self._send(target, call)
-        return modernize(await reply.final(), call, target.backend.name)
+        backend = target.backend
+        # Counted while under way, so that a reload's drain of this backend waits for it.
+        backend.in_flight += 1
+        try:
+            reply = await self._send(target, call)
+            return modernize(await reply.final(), call, backend.name)
+        finally:
+            backend.in_flight -= 1
 
     async def _forward(self, target: Target, call: Call) -> Reply:
-        reply = await self._send(target, call)
+        backend = target.backend
+        backend.in_flight += 1
+        try:
+            reply = await self._send(target, call)
+        except BaseException:
+            backend.in_flight -= 1
+            raise
         if reply.message is not None:
+            backend.in_flight -= 1
             fixed = modernize(reply.message, call, reply.backend)
             if fixed is not reply.message:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None
-        reply.stream = _modernize_stream(reply.stream, call, reply.backend)
+        # A stream stays under way until it is relayed (or dropped): its generator's end.
+        reply.stream = _modernize_stream(reply.stream, call, reply.backend, backend)
         return reply
 
 
@@ -362,7 +376,9 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
     return message
 
 
-async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str) -> AsyncIterator[Message]:
+async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str,
+                            counted: Any = None) -> AsyncIterator[Message]:
+    """`counted`: the Backend whose `in_flight` this stream holds until it ends."""
     wants_logs = call.log_level is not None
     try:
         async for msg in stream:
@@ -379,6 +395,8 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
             yield msg
         raise rpc.backend_protocol_error(backend, "stream ended without a response", call.id)
     finally:
+        if counted is not None:
+            counted.in_flight -= 1
         await aclose(stream)
 
 

@@ -113,6 +113,9 @@ class Backend(abc.ABC):
         self.last_error: str | None = None
         # The clock of the discovery cache and failure memory (a test's ManualClock).
         self.clock: Callable[[], float] = time.monotonic
+        # Client calls under way (counted by the dispatcher, the one place they all pass):
+        # what `drain` waits for when a reload removes or replaces this backend.
+        self.in_flight = 0
 
     @abc.abstractmethod
     async def send(self, call: Call) -> Reply:
@@ -133,6 +136,19 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:
         """Release everything; called once at shutdown."""
+
+    async def drain(self, deadline_seconds: float, poll_seconds: float = 0.05) -> None:
+        """A reload removed or replaced this backend: let the calls under way finish (at most
+        `deadline_seconds`), then release it. No new call reaches it: the new snapshot no
+        longer routes to it."""
+        waited = 0.0
+        while self.in_flight > 0 and waited < deadline_seconds:
+            await asyncio.sleep(poll_seconds)
+            waited += poll_seconds
+        if self.in_flight > 0:
+            log.warning("backend %s: %d call(s) still under way after %gs of drain; closing it anyway",
+                        self.name, self.in_flight, deadline_seconds)
+        await self.aclose()
 
     @property
     def capabilities(self) -> dict[str, Any] | None:
