@@ -39,13 +39,14 @@ def servers() -> Iterator[dict[str, Scripted]]:
         server.stop()
 
 
-def stdio_backend() -> dict[str, Any]:
-    return {"name": "local", "command": [sys.executable, str(FIXTURE_SERVERS / "modern_stdio.py")], "era": "modern"}
+def stdio_backend(name: str) -> dict[str, Any]:
+    return {"name": name, "command": [sys.executable, str(FIXTURE_SERVERS / "modern_stdio.py")], "era": "modern"}
 
 
-def config(servers: dict[str, Scripted], names: list[str], **backend_changes: dict[str, Any]) -> dict[str, Any]:
+def config(servers: dict[str, Scripted], names: list[str], stdio: tuple[str, ...] = ("local",),
+           **backend_changes: dict[str, Any]) -> dict[str, Any]:
     backends = [{"name": n, "url": servers[n].url, "era": "modern", **backend_changes.get(n, {})} for n in names]
-    return {"backends": [*backends, stdio_backend()],
+    return {"backends": [*backends, *(stdio_backend(n) for n in stdio)],
             "subscriptions": {"poll_min_seconds": 1.0, "max_listens_per_principal": 500}}
 
 
@@ -139,7 +140,7 @@ class Load:
 @pytest.mark.parametrize("trigger", ["sighup", "watch"])
 async def test_reload_under_load_adds_removes_and_changes_backends(servers, tmp_path, trigger):
     path = tmp_path / "gateway.yaml"
-    write(path, config(servers, ["alpha", "beta", "delta"]))
+    write(path, config(servers, ["alpha", "beta", "delta"], stdio=("local", "spare")))
     gw = gateway_process(path, args=("--watch",) if trigger == "watch" else ()).start()
     assert gw.proc is not None
 
@@ -151,10 +152,11 @@ async def test_reload_under_load_adds_removes_and_changes_backends(servers, tmp_
     base = f"http://127.0.0.1:{gw.port}"
     url = f"{base}/mcp"
     readers: list[ListenReader] = []
+    load: Load | None = None
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=30, limits=UNLIMITED) as client:
-            await eventually(lambda: len(stdio_pids(gw)) == 1)
-            (pid,) = stdio_pids(gw)
+            await eventually(lambda: len(stdio_pids(gw)) == 2)
+            both = stdio_pids(gw)
             assert {"alpha__echo", "delta__echo", "local__echo"} <= await tool_names(client, url)
             readers = [ListenReader(client, url, {"toolsListChanged": True}, id=f"l{i}") for i in range(LISTENERS)]
             await asyncio.gather(*(r.open() for r in readers))
@@ -164,6 +166,8 @@ async def test_reload_under_load_adds_removes_and_changes_backends(servers, tmp_
             # A call under way on the backend about to be removed: the drain lets it finish.
             on_removed = asyncio.create_task(mcp_http.post(client, url, "tools/call",
                                                            {"name": "delta__slow", "arguments": {"seconds": 1.5}}))
+            on_removed_stdio = asyncio.create_task(mcp_http.post(
+                client, url, "tools/call", {"name": "spare__slow_echo", "arguments": {"text": "late", "delay": 2}}))
             await eventually(lambda: load.done >= 30)
             await asyncio.sleep(0.3)
 
@@ -179,6 +183,9 @@ async def test_reload_under_load_adds_removes_and_changes_backends(servers, tmp_
             answer = await on_removed
             assert answer.status_code == 200 and final(answer)["result"]["content"][0]["text"] == "delta: slept", \
                 answer.text
+            answer = await on_removed_stdio  # its process lives until the call is answered
+            assert answer.status_code == 200 and final(answer)["result"]["content"][0]["text"] == "late", answer.text
+            await eventually(lambda: len(stdio_pids(gw)) == 1)  # then it is closed
             before = load.done
             await eventually(lambda: load.done >= before + 30)  # calls keep flowing after the swap
             gamma = await mcp_http.post(client, url, "tools/call", {"name": "gamma__echo", "arguments": {"text": "hi"}})
@@ -201,14 +208,17 @@ async def test_reload_under_load_adds_removes_and_changes_backends(servers, tmp_
 
             assert load.failures == [], load.failures[:5]
             assert not [r.id for r in readers if r.ended], "a listen stream was cut by the reload"
-            assert stdio_pids(gw) == {pid}, "the unchanged stdio backend lost its process"
+            (kept,) = stdio_pids(gw)
+            assert kept in both, "the unchanged stdio backend lost its process"
             # The replaced backend's and the removed one's calls went to the right servers.
             assert any(c["params"].get("name") == "echo" for c in await servers["gamma"].calls("tools/call"))
     finally:
+        if load is not None:
+            await load.stop()
         for r in readers:
             await r.close()
         gw.stop()
     log = gw.output()
     assert "server.max_body_bytes changed, which only a restart applies" in log
     assert "refused: the configuration is invalid" in log and "backends.0.name" in log
-    assert "added gamma; removed delta; replaced beta" in log
+    assert "added gamma; removed delta, spare; replaced beta" in log
