@@ -56,8 +56,8 @@ class BackendStates:
         return self._states[name]
 
     def follow(self, kept: Iterable[str], fresh: Iterable[str]) -> None:
-        """A reload: `kept` backends keep their state, `fresh` ones (added or replaced) start
-        unknown, the others are forgotten. One swap, so a probe never sees half of it."""
+        """A reload: `kept` names keep their state, `fresh` ones start unknown, the others
+        are forgotten. One swap, so a probe never sees half of it."""
         states = {name: self._states.get(name, BackendState.UNKNOWN) for name in kept}
         states.update({name: BackendState.UNKNOWN for name in fresh})
         self._states = states

@@ -164,7 +164,11 @@ class Runtime:
         # The swap: every request from here on reads the new snapshot; those under way finish
         # on the one they started with.
         self.snapshot = self.live.snapshot = snapshot
-        self.readiness.follow((b.name for b in backends if b not in fresh), (b.name for b in fresh))
+        # A replaced backend keeps its name's last state until its first check (at once): a
+        # reload must not flap /readyz for a backend that merely got a new header.
+        known = {b.name for b in old.backends}
+        self.readiness.follow((b.name for b in backends if b.name in known),
+                              (b.name for b in backends if b.name not in known))
         await self.readiness_checks.follow(backends)
         # New backends' capabilities first (bounded by each one's list deadline): the hub
         # needs them to attach listeners and to say which lists changed.

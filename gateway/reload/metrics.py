@@ -10,7 +10,8 @@ RELOADS = Counter(
     "refused (invalid; the running configuration keeps serving).",
     ["result"],
 )
-GENERATION = Gauge("mcp_gateway_config_generation", "Reloads applied since the process started (0: the start-up config).")
+GENERATION = Gauge("mcp_gateway_config_generation",
+                   "Reloads applied since the process started (0: the start-up config).")
 LAST_APPLIED = Gauge("mcp_gateway_config_last_reload_timestamp_seconds",
                      "When the running configuration was swapped in (Unix time; 0: never reloaded).")
 NEEDS_RESTART = Gauge("mcp_gateway_config_needs_restart",

@@ -43,3 +43,14 @@ def test_the_report_holds_names_and_states_only():
     s = states("any", OK, FAILING)
     s.record("b1", FAILING, "connect to 10.0.0.7:8000 refused")
     assert s.report() == {"status": "ready", "backends": {"b0": "ok", "b1": "failing"}}
+
+
+def test_a_reload_keeps_known_names_states_and_forgets_removed_ones():
+    from gateway.readiness import BackendState, BackendStates
+
+    states = BackendStates(["a", "b"], "all")
+    states.record("a", BackendState.OK)
+    states.record("b", BackendState.OK)
+    assert states.ready
+    states.follow(kept=["a"], fresh=["c"])
+    assert states.report()["backends"] == {"a": "ok", "c": "unknown"} and not states.ready
