@@ -1,28 +1,36 @@
-"""subscriptions/listen fan-out: delivery latency and memory per idle stream.
+"""subscriptions/listen fan-out: gateway CPU per delivery, delivery latency, memory per idle stream.
 
-    /work/.venv/bin/python bench/listen_fanout.py                 # N = 1,000 and 10,000
-    /work/.venv/bin/python bench/listen_fanout.py --clients 1000 --rounds 10
+    .venv/bin/python bench/listen_fanout.py                         # N = 1,000 and 10,000
+    .venv/bin/python bench/listen_fanout.py --clients 19500 --rounds 10 --replicas 2
+    .venv/bin/python bench/listen_fanout.py --gateway-tree /work/wt/base   # another tree's gateway
 
-For each N it starts a fresh mutable fixture backend (mcp==2.3.0) and a fresh gateway process,
-opens N `subscriptions/listen` streams (toolsListChanged) from this process with raw asyncio
-sockets (light enough that 10,000 readers fit in one process), then:
+For each N it starts a fresh mutable fixture backend (mcp==2.3.0) and one gateway process (or,
+with `--replicas 2`, two gateway processes sharing a fresh redis-server through
+`subscriptions.redis_url`), then opens N `subscriptions/listen` streams (toolsListChanged) from
+reader processes: plain asyncio sockets, N/2 per process, the streams spread over the
+replicas. The gateways are pinned to CPU 0, everything else (readers, backend, Redis, this
+process) to CPU 1, so that the readers' own cost is not in the gateway's figures (`--no-pin`
+to leave scheduling alone). Then:
 
-- memory per idle stream: gateway RSS after all N streams are acknowledged and idle, minus
-  its RSS before the first stream, divided by N;
-- fan-out latency: `--rounds` times, the backend adds a tool and publishes
-  tools/list_changed (it answers the wall-clock time of the publish); every client records
-  the wall-clock time its notification arrived. Reported: p50/p99 over all deliveries, and
-  p50/p99 over rounds of the time to the LAST of the N clients.
+- memory per idle stream: the gateways' RSS once all N streams are acknowledged and idle,
+  minus their RSS before the first stream, divided by N;
+- `--rounds` times, the backend adds a tool and publishes tools/list_changed (it answers the
+  wall-clock time of the publish), and each reader stamps the wall-clock time every
+  notification arrives. Reported: p50/p99 over all deliveries, and p50/p99 over rounds of the
+  time to the LAST of the N streams;
+- gateway CPU per delivered notification: the gateways' user+system CPU time from just before
+  the first publish to the last delivery, divided by N x rounds (it includes the one upstream
+  notification per round, its cache invalidation and the bus).
 
-It also checks what it measures: the backend must hold exactly one upstream listen, and every
-client must receive every notification. All processes run on this machine, so readers and
-gateway share CPUs: numbers are informational, for comparison between runs.
+It checks what it measures: the backend must hold exactly one upstream listen, and every
+stream must receive every notification. The machine may be shared: say so with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -37,45 +45,122 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support import mcp_http  # noqa: E402
-from tests.support.procs import Proc, gateway_process, python_server  # noqa: E402
+from tests.support.procs import Proc, RedisServer, free_port, python_server  # noqa: E402
 
 MARK = b"notifications/tools/list_changed"
+ACK = b"subscriptions/acknowledged"
+GATEWAY_CPU, OTHERS_CPU = 0, 1
+READER_PROCESSES = 2
 
 
-class Reader:
-    """One raw listen stream: counts notifications and stamps their arrival."""
+# --------------------------------------------------------------------------- reader process
 
-    def __init__(self, i: int) -> None:
-        self.id = f"bench-{i}"
-        self.acked = asyncio.Event()
+
+class _Stream(asyncio.Protocol):
+    """One raw listen stream: stamps each notification's arrival."""
+
+    __slots__ = ("request", "acked", "arrivals", "tail", "transport")
+
+    def __init__(self, request: bytes, acked: asyncio.Future[None]) -> None:
+        self.request = request
+        self.acked = acked
         self.arrivals: list[float] = []
-        self.writer: asyncio.StreamWriter | None = None
-        self.task: asyncio.Task[None] | None = None
+        self.tail = b""
+        self.transport: asyncio.Transport | None = None
 
-    async def run(self, port: int) -> None:
-        reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
-        body = orjson.dumps(mcp_http.body("subscriptions/listen", {"notifications": {"toolsListChanged": True}},
-                                          id=self.id))
-        head = "".join(f"{k}: {v}\r\n" for k, v in mcp_http.headers("subscriptions/listen").items())
-        self.writer.write(f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}content-length: {len(body)}\r\n\r\n"
-                          .encode() + body)
-        tail = b""
-        while True:
-            chunk = await reader.read(65536)
-            if not chunk:
-                return
-            now = time.time()
-            data = tail + chunk
-            if not self.acked.is_set() and b"subscriptions/acknowledged" in data:
-                self.acked.set()
-            self.arrivals.extend([now] * data.count(MARK))
-            tail = data[-len(MARK):] if MARK not in data[-len(MARK):] else b""
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.write(self.request)  # type: ignore[attr-defined]
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        if self.task is not None:
-            self.task.cancel()
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        seen = self.tail + data
+        if not self.acked.done() and ACK in seen:
+            self.acked.set_result(None)
+        count = seen.count(MARK)
+        if count:
+            self.arrivals.extend([now] * count)
+        self.tail = seen[-(len(MARK) - 1):]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.acked.done():
+            self.acked.set_exception(ConnectionError("closed before the ack"))
+
+
+def _request(port: int, listen_id: str) -> bytes:
+    body = orjson.dumps(mcp_http.body("subscriptions/listen", {"notifications": {"toolsListChanged": True}},
+                                      id=listen_id))
+    head = "".join(f"{k}: {v}\r\n" for k, v in mcp_http.headers("subscriptions/listen").items())
+    return (f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}content-length: {len(body)}\r\n\r\n"
+            .encode() + body)
+
+
+async def _reader_main(ports: list[int], first: int, count: int) -> None:
+    """Opens `count` streams (ids first.., spread over `ports`), says `ready`, then answers
+    `wait K` (every stream has K notifications) and `dump` (the arrival times) on stdin."""
+    loop = asyncio.get_running_loop()
+    streams: list[_Stream] = []
+    for start in range(first, first + count, 250):  # in batches: a storm measures the backlog
+        batch = []
+        for i in range(start, min(first + count, start + 250)):
+            port = ports[i % len(ports)]
+            stream = _Stream(_request(port, f"bench-{i}"), loop.create_future())
+            await loop.create_connection(lambda s=stream: s, "127.0.0.1", port)
+            batch.append(stream)
+        await asyncio.wait_for(asyncio.gather(*(s.acked for s in batch)), 120)
+        streams += batch
+    print("ready", flush=True)
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    while line := (await stdin.readline()).decode().split():
+        if line[0] == "wait":
+            k = int(line[1])
+            deadline = time.monotonic() + 120
+            while any(len(s.arrivals) < k for s in streams) and time.monotonic() < deadline:
+                await asyncio.sleep(0.002)
+            print("done", flush=True)
+        elif line[0] == "dump":
+            sys.stdout.write(orjson.dumps([s.arrivals for s in streams]).decode() + "\n")
+            sys.stdout.flush()
+            break
+    for s in streams:
+        if s.transport is not None:
+            s.transport.close()
+
+
+class _ReaderProcess:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, ports: list[int], first: int, count: int, cpu: int | None) -> _ReaderProcess:
+        argv = [sys.executable, __file__, "--reader", "--ports", ",".join(map(str, ports)),
+                "--first", str(first), "--count", str(count)]
+        if cpu is not None:
+            argv += ["--cpu", str(cpu)]
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE, start_new_session=True,
+                                                    limit=1 << 26)
+        return cls(proc)
+
+    async def expect(self, word: str, timeout: float = 300) -> str:
+        assert self.proc.stdout is not None
+        line = (await asyncio.wait_for(self.proc.stdout.readline(), timeout)).decode()
+        if not line.startswith(word):
+            raise RuntimeError(f"reader said {line[:200]!r}, expected {word!r}")
+        return line
+
+    async def say(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 9)
+
+
+# --------------------------------------------------------------------------- controller
 
 
 def rss_bytes(pid: int) -> int:
@@ -85,84 +170,196 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def place(pid: int, cpu: int | None, nice: int) -> None:
+    """Every thread of `pid` onto `cpu` (None: anywhere), at niceness `nice` (Linux applies
+    both per thread; and to its session's autogroup, as bench/run.py's `boost` does, since
+    each process of the run leads its own session)."""
+    if nice:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if cpu is not None:
+                os.sched_setaffinity(int(task.name), {cpu})
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def measure(n: int, rounds: int) -> dict[str, float]:
+def _gateway(config: Path, tree: str | None) -> Proc:
+    port = free_port()
+    if tree:
+        argv = ["env", f"PYTHONPATH={Path(tree).resolve()}", sys.executable, "-P", "-m", "gateway"]
+    else:
+        argv = [sys.executable, "-m", "gateway"]
+    return Proc([*argv, "serve", "--config", str(config), "--port", str(port)], port, name="gateway")
+
+
+async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = None,
+                  pinned: bool = True, nice: int = 0, perf: str | None = None) -> dict[str, float]:
+    if pinned and (os.cpu_count() or 1) < 2:
+        pinned = False
+    gateway_cpu = GATEWAY_CPU if pinned else None
+    others_cpu = OTHERS_CPU if pinned else None
+    place(os.getpid(), others_cpu, nice)
     backend = python_server("mutable_modern.py", name="bench-mutable").start()
+    redis = RedisServer().start() if replicas > 1 else None
     workdir = Path(tempfile.mkdtemp(prefix="mcp-listen-bench-"))
-    config = workdir / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "backends": [{"name": "m", "url": backend.url}],
-        "subscriptions": {"max_listens": n, "max_listens_per_principal": n},
-        "observability": {"log_level": "warning"},
-    }))
-    gateway: Proc = gateway_process(config).start()
-    readers = [Reader(i) for i in range(n)]
+    gateways: list[Proc] = []
+    readers: list[_ReaderProcess] = []
     try:
-        assert gateway.proc is not None
+        for pid in (backend.proc.pid, *([redis.proc.pid] if redis and redis.proc else [])):  # type: ignore[union-attr]
+            place(pid, others_cpu, nice)
+        for r in range(replicas):
+            config = workdir / f"gateway-{r}.yaml"
+            subscriptions: dict = {"max_listens": n, "max_listens_per_principal": n}
+            if redis is not None:
+                subscriptions["redis_url"] = redis.url
+            config.write_text(yaml.safe_dump({"backends": [{"name": "m", "url": backend.url}],
+                                              "subscriptions": subscriptions,
+                                              "observability": {"log_level": "warning"}}))
+            gateway = _gateway(config, tree).start()
+            gateways.append(gateway)
+        pids = [g.proc.pid for g in gateways]  # type: ignore[union-attr]
+        for pid in pids:
+            place(pid, gateway_cpu, nice)
         async with httpx.AsyncClient(timeout=60) as http:
             control = f"http://127.0.0.1:{backend.port}"
-            # Warm the gateway (imports, pools) before the baseline RSS.
-            await mcp_http.post(http, gateway.url, "tools/list")
+            for g in gateways:  # warm each gateway (imports, pools) before the baseline RSS
+                await mcp_http.post(http, g.url, "tools/list")
             await asyncio.sleep(0.5)
-            rss_before = rss_bytes(gateway.proc.pid)
+            rss_before = sum(rss_bytes(pid) for pid in pids)
 
             started = time.perf_counter()
-            for i in range(0, n, 500):  # in batches: a connection storm measures the backlog, not us
-                batch = readers[i:i + 500]
-                for r in batch:
-                    r.task = asyncio.create_task(r.run(gateway.port))
-                await asyncio.wait_for(asyncio.gather(*(r.acked.wait() for r in batch)), 120)
+            ports = [g.port for g in gateways]
+            share = -(-n // READER_PROCESSES)
+            readers = [await _ReaderProcess.start(ports, first, min(share, n - first), others_cpu)
+                       for first in range(0, n, share)]
+            for reader in readers:
+                place(reader.proc.pid, None, nice)
+            for reader in readers:
+                await reader.expect("ready")
             open_seconds = time.perf_counter() - started
             await asyncio.sleep(1.0)
-            rss_idle = rss_bytes(gateway.proc.pid)
+            rss_idle = sum(rss_bytes(pid) for pid in pids)
             upstreams = (await http.get(f"{control}/stats")).json()["open_listens"]
 
-            deliveries: list[float] = []
-            last: list[float] = []
+            recorder = None
+            if perf:  # `perf record` on the gateways for the rounds only (--perf)
+                recorder = await asyncio.create_subprocess_exec(
+                    "perf", "record", "-g", "-o", perf, "-p", ",".join(map(str, pids)),
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                await asyncio.sleep(0.5)
+            published: list[float] = []
+            user = system = 0.0
             for k in range(1, rounds + 1):
-                published_at = (await http.post(f"{control}/change/tools")).json()["published_at"]
-
-                async def all_arrived(k: int = k) -> None:
-                    while any(len(r.arrivals) < k for r in readers):
-                        await asyncio.sleep(0.005)
-
-                await asyncio.wait_for(all_arrived(), 120)
-                round_latencies = [r.arrivals[k - 1] - published_at for r in readers]
-                deliveries.extend(round_latencies)
-                last.append(max(round_latencies))
+                before = [cpu_split(pid) for pid in pids]
+                change = await http.post(f"{control}/change/tools")
+                if change.status_code != 200:
+                    raise RuntimeError(f"round {k}: the backend answered {change.status_code}: {change.text[:300]}")
+                published.append(change.json()["published_at"])
+                for reader in readers:
+                    await reader.say(f"wait {k}")
+                for reader in readers:
+                    await reader.expect("done")
+                for pid, (u, s) in zip(pids, before, strict=True):  # the pause between rounds is not counted
+                    u1, s1 = cpu_split(pid)
+                    user, system = user + u1 - u, system + s1 - s
                 await asyncio.sleep(0.2)
-            complete = all(len(r.arrivals) == rounds for r in readers)
+            if recorder is not None:
+                recorder.send_signal(2)
+                await recorder.wait()
+            arrivals: list[list[float]] = []
+            for reader in readers:
+                await reader.say("dump")
+                arrivals += orjson.loads(await reader.expect("["))
     finally:
-        for r in readers:
-            r.close()
-        await asyncio.gather(*(r.task for r in readers if r.task is not None), return_exceptions=True)
-        gateway.stop()
+        for reader in readers:
+            reader.kill()
+        for g in gateways:
+            g.stop()
         backend.stop()
+        if redis is not None:
+            redis.stop()
+    complete = len(arrivals) == n and all(len(a) == rounds for a in arrivals)
+    deliveries: list[float] = []
+    last: list[float] = []
+    for k, at in enumerate(published):
+        latencies = [a[k] - at for a in arrivals if len(a) > k]
+        deliveries += latencies
+        last.append(max(latencies))
     return {
-        "n": n, "upstreams": upstreams, "complete": complete, "open_s": open_seconds,
+        "n": n, "replicas": replicas, "upstreams": upstreams, "complete": complete, "open_s": open_seconds,
         "p50_ms": pct(deliveries, 0.5) * 1000, "p99_ms": pct(deliveries, 0.99) * 1000,
         "last_p50_ms": statistics.median(last) * 1000, "last_p99_ms": pct(last, 0.99) * 1000,
         "rss_per_stream_kb": (rss_idle - rss_before) / n / 1024,
+        "cpu_us_per_delivery": (user + system) / (n * rounds) * 1e6,
+        "user_us_per_delivery": user / (n * rounds) * 1e6,
+        "sys_us_per_delivery": system / (n * rounds) * 1e6,
     }
+
+
+def largest_n(reserve: int = 500) -> int:
+    """The most streams one gateway process can hold here: its hard RLIMIT_NOFILE (which it
+    raises its soft limit to) less the descriptors the gateway keeps for other work."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return 50_000 if hard == resource.RLIM_INFINITY else min(50_000, hard - reserve)
+
+
+HEADER = (f"{'N':>7} {'repl':>4} {'upstr':>5} {'all got all':>11} {'open (s)':>8} {'µs CPU/dlv (usr+sys)':>20} "
+          f"{'p50 ms':>8} {'p99 ms':>8} {'last p50':>9} {'last p99':>9} {'RSS/stream':>11}")
+
+
+def line(r: dict[str, float]) -> str:
+    cpu = f"{r['cpu_us_per_delivery']:>6.1f} ({r['user_us_per_delivery']:.1f}+{r['sys_us_per_delivery']:.1f})"
+    return (f"{r['n']:>7} {r['replicas']:>4} {r['upstreams']:>5} {str(r['complete']):>11} {r['open_s']:>8.1f} "
+            f"{cpu:<21}{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
+            f"{r['last_p99_ms']:>9.1f} {r['rss_per_stream_kb']:>8.1f} KB")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--gateway-tree", help="run the gateway from this source tree (PYTHONPATH=TREE)")
+    parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
+                        help="niceness of every process of the run (default -10 as root, as bench/run.py)")
+    parser.add_argument("--perf", help="perf record -g the gateway(s) during the rounds into this file")
+    parser.add_argument("--reader", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ports", help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.reader:
+        if args.cpu is not None:
+            os.sched_setaffinity(0, {args.cpu})
+        with contextlib.suppress(ImportError):
+            import uvloop
+            uvloop.install()
+        asyncio.run(_reader_main([int(p) for p in args.ports.split(",")], args.first, args.count))
+        return 0
     print(f"listen fan-out, {os.cpu_count()} CPUs; latency = backend publish -> client receives (wall clock)")
-    print(f"{'N':>7} {'upstreams':>9} {'all got all':>11} {'open (s)':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'last p50':>9} {'last p99':>9} {'RSS/stream':>11}")
+    print(HEADER)
     for n in args.clients:
-        r = asyncio.run(measure(n, args.rounds))
-        print(f"{r['n']:>7} {r['upstreams']:>9} {str(r['complete']):>11} {r['open_s']:>8.1f} {r['p50_ms']:>8.1f} "
-              f"{r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} {r['last_p99_ms']:>9.1f} "
-              f"{r['rss_per_stream_kb']:>8.1f} KB", flush=True)
+        r = asyncio.run(measure(n, args.rounds, replicas=args.replicas, tree=args.gateway_tree,
+                                pinned=not args.no_pin, nice=args.nice, perf=args.perf))
+        print(line(r), flush=True)
     return 0
 
 

@@ -23,6 +23,7 @@ from starlette.middleware import Middleware
 from gateway import asgi, ops
 from gateway.endpoint import McpEndpoint
 from gateway.legacy_clients import LegacyClients
+from gateway.legacy_clients.fleet import fleet_from_settings
 from gateway.legacy_clients.sse_front import SseFront
 from gateway.observability.middleware import RequestTelemetry
 from gateway.policies.auth import NoAuth
@@ -99,6 +100,8 @@ class GatewayApp:
             max_sessions=server.legacy_max_sessions,
             keepalive_seconds=server.keepalive_seconds,
             input_timeout_seconds=server.legacy_input_timeout_seconds,
+            # Sessions any replica serves (secret + Redis).
+            fleet=fleet_from_settings(settings, self.runtime.replica.owner),
         ) if server.legacy_clients else None
         endpoint = McpEndpoint(
             self.runtime.live,
@@ -155,6 +158,8 @@ class GatewayApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.runtime.start()
+                    if self.legacy_clients is not None:
+                        await self.legacy_clients.start()
                 except Exception as exc:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})

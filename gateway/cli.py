@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gateway import __version__
+from gateway import __version__, descriptors
 from gateway.settings import CONFIG_ENV, ConfigError, GatewaySettings, load_settings
 
 log = logging.getLogger("gateway")
@@ -116,6 +116,8 @@ async def _serve(settings: GatewaySettings, load: Callable[[], GatewaySettings] 
     from gateway.reload.reloader import Reloader
     from gateway.reload.watch import ConfigWatcher
 
+    # Listen streams hold a descriptor each: take every one the hard limit allows.
+    descriptors.raise_soft_limit()
     server_settings = settings.server
     demo_server = None
     demo_port: int | None = None

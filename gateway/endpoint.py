@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gateway import asgi
+from gateway import asgi, direct_stream
 from gateway.backends.base import Message, Reply, aclose
 from gateway.dispatch import Dispatcher
 from gateway.protocol import jsonrpc as rpc
@@ -76,7 +76,7 @@ class McpEndpoint:
         if spec.long_running:  # a client that goes away cancels the backend's work
             await self._answer_cancellable(call, receive, send)
         elif spec.stream_only:
-            await self._answer_watching(call, receive, send)
+            await self._answer_watching(call, receive, send, direct_stream.handover(scope))
         else:
             await self._answer(call, send)
 
@@ -120,13 +120,16 @@ class McpEndpoint:
             if watch.fired:
                 request_task.uncancel()  # the cancellation was ours, and it is handled
 
-    async def _answer_watching(self, call: Call, receive: asgi.Receive, send: asgi.Send) -> None:
+    async def _answer_watching(self, call: Call, receive: asgi.Receive, send: asgi.Send,
+                               handover: direct_stream.Handover | None) -> None:
         """Answer in a task of its own, and cancel everything (upstream included) when the
         client disconnects. Used for `subscriptions/listen`, whose hub cancels the answering
         task to cut a stalled reader (hub.py `ClientListen._owner`): that must end this
         request quietly, so the work cannot run in the request task itself. Its cost is
-        paid once per stream, not per message."""
-        work = asyncio.ensure_future(self._answer(call, send))
+        paid once per stream, not per message; with a `handover` both tasks end once the
+        ack is written (`_answer_listen`)."""
+        work = asyncio.ensure_future(self._answer(call, send) if handover is None
+                                     else self._answer_listen(call, send, handover))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             done, _ = await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
@@ -140,6 +143,43 @@ class McpEndpoint:
                     await task
         if work in done and not work.cancelled() and work.exception() is not None:
             raise work.exception()  # type: ignore[misc]
+
+    async def _answer_listen(self, call: Call, send: asgi.Send, handover: direct_stream.Handover) -> None:
+        """A listen under a server that can hand its response body over (direct_stream.py):
+        the stream's head goes through `send`, then the hub's client stream takes the
+        connection and writes the ack and every later notification itself, and this request
+        ends. An idle stream then holds no task, coroutine or queue (docs/subscriptions.md
+        "Delivery")."""
+        try:
+            reply = await self.dispatcher.dispatch(call)
+        except rpc.McpError as exc:
+            await asgi.send_error(send, exc.with_id(call.id))
+            return
+        except Exception:
+            log.exception("internal error answering %s", call.method)
+            await asgi.send_json(send, 500, rpc.error_message(call.id, rpc.INTERNAL_ERROR,
+                                                               "Internal error in the gateway"))
+            return
+        stream = reply.stream
+        deliver_to = getattr(stream, "deliver_to", None)
+        if deliver_to is None:
+            await self._write(reply, call, send)
+            return
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS + (reply.headers or [])})
+            channel = handover.take_over()
+        except BaseException:
+            await reply.aclose()
+            raise
+        if channel is None:  # the client left before its ack
+            await reply.aclose()
+            return
+        try:
+            deliver_to(channel, self.keepalive_seconds)
+        except BaseException:
+            channel.cut()  # nobody else would ever end a body taken over
+            await reply.aclose()
+            raise
 
     async def _write(self, reply: Reply, call: Call, send: asgi.Send) -> None:
         extra = reply.headers or []

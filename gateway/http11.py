@@ -12,6 +12,11 @@ differently, and why:
   chunk (or the end of the response), instead of a `send()` of its own. Writes go through
   the loop's `WriteBatch` (write_batch.py): sent when the loop pass ends, together with the
   other connections' answers of that pass, so one wake-up of the client serves them all.
+- A long-lived response body can be handed over to the application
+  (`scope["extensions"]["mcp_gateway.direct_stream"]`, direct_stream.py): after
+  `http.response.start` the application takes the body and writes chunks to the transport
+  itself, and its call returns. Listen streams use it: a fan-out is one write per stream in
+  the pass that received the notification, and an idle stream holds no task (`_DirectStream`).
 - Keep-alive without a timer per response: an idle connection notes when it became idle, and
   one sweep per second closes those idle longer than `timeout_keep_alive`. A connection that
   never sends a request counts as idle from the start (uvicorn's stays open). The same sweep
@@ -37,7 +42,6 @@ shutdown (`shutdown()`, `ServerState.connections` and `.tasks`), `Date` header a
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import http
 import logging
@@ -48,7 +52,7 @@ from urllib.parse import quote, unquote
 import httptools
 import orjson
 
-from gateway import write_batch
+from gateway import direct_stream, write_batch
 
 log = logging.getLogger("uvicorn.error")
 access_log = logging.getLogger("uvicorn.access")
@@ -92,10 +96,11 @@ class _Exchange:
     """One request and its response on a connection."""
 
     __slots__ = ("scope", "body", "body_done", "expect_continue", "keep_alive", "waiter", "started", "complete",
-                 "gone", "head", "chunked", "remaining", "head_only")
+                 "gone", "head", "chunked", "remaining", "head_only", "protocol", "direct")
 
-    def __init__(self, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
-        self.scope = scope
+    def __init__(self, scope: dict[str, Any], keep_alive: bool, expect_continue: bool,
+                 protocol: Http11Protocol) -> None:
+        self.scope: dict[str, Any] | None = scope
         self.body = bytearray()
         self.body_done = False
         self.expect_continue = expect_continue
@@ -108,11 +113,87 @@ class _Exchange:
         self.chunked = False
         self.remaining: int | None = None  # Content-Length still to send
         self.head_only = scope["method"] == "HEAD"
+        self.protocol = protocol
+        self.direct: _DirectStream | None = None  # the body, once the application took it over
+
+    def take_over(self) -> _DirectStream | None:
+        """direct_stream.Handover: the response body, written straight to the connection from
+        now on; the application's call may return without completing the response."""
+        return self.protocol._take_over(self)
 
     def wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+class _DirectStream:
+    """A chunked response body taken over by the application (direct_stream.DirectStream): a
+    write goes to the transport at once, with no ASGI message, task or queue in between, and
+    later writes of the same loop pass join it at the end of the pass
+    (`WriteBatch.write_through`). Used for listen streams, where one notification is thousands
+    of such writes in one pass and a burst of notifications is one write per stream."""
+
+    __slots__ = ("_protocol", "_exchange", "_transport", "_batch", "paused", "on_lost")
+
+    def __init__(self, protocol: Http11Protocol, exchange: _Exchange, transport: Any) -> None:
+        self._protocol = protocol
+        self._exchange = exchange
+        self._transport = transport
+        self._batch = protocol.batch
+        # Kept by the protocol's pause_writing/resume_writing: the transport's buffer is over
+        # its high-water mark.
+        self.paused = protocol.write_paused
+        self.on_lost: Any = None
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._send(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def write_parts(self, before: bytes, middle: bytes, after: bytes) -> None:
+        # The fan-out's hot path: one call per client per notification (bench/README.md
+        # "Listen fan-out at dashboard scale"), so the common case takes few steps.
+        exchange = self._exchange
+        transport = self._transport
+        if exchange.head is not None or exchange.complete or exchange.gone or transport.is_closing():
+            self._send(b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
+            return
+        self._batch.write_through(
+            transport, b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
+
+    def _send(self, data: bytes) -> None:
+        exchange = self._exchange
+        if exchange.complete or exchange.gone:
+            return
+        head = exchange.head
+        if head is not None:
+            exchange.head = None
+            data = head + data
+        transport = self._transport
+        if transport.is_closing():
+            return
+        self._batch.write_through(transport, data)
+
+    def finish(self, data: bytes = b"") -> None:
+        exchange = self._exchange
+        if exchange.complete or exchange.gone:
+            return
+        self._send((b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data)) if data else b"0\r\n\r\n")
+        self.on_lost = None
+        protocol = self._protocol
+        protocol.direct = None
+        exchange.complete = True
+        protocol._finished(exchange)
+
+    def cut(self) -> None:
+        exchange = self._exchange
+        if exchange.complete or exchange.gone:
+            return
+        self.on_lost = None
+        protocol = self._protocol
+        protocol.direct = None
+        exchange.gone = True
+        protocol._close()
 
 
 class _Sweeper:
@@ -141,6 +222,15 @@ _sweepers: weakref.WeakKeyDictionary[Any, _Sweeper] = weakref.WeakKeyDictionary(
 
 
 class Http11Protocol(asyncio.Protocol):
+    # Slots: a connection lives as long as its client, and a listen stream's connection is most
+    # of what an idle stream costs (bench/README.md "Memory per idle stream").
+    __slots__ = ("_began", "_chunk_bytes", "_defaults", "_defaults_source", "_expect_continue", "_frame_bytes",
+                 "_head_bytes", "_headers", "_in_head", "_progress", "_read_deadline", "_refused", "_url",
+                 "access_log", "active", "app", "app_state", "batch", "client", "closing", "direct", "drained",
+                 "idle_since", "keep_alive_seconds", "loop", "parser", "parsing", "read_timeout_seconds",
+                 "reading_paused", "root_path", "scheme", "server", "state", "sweeper", "transport", "waiting",
+                 "write_paused")
+
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *,
                  read_timeout_seconds: float = READ_TIMEOUT_SECONDS) -> None:
@@ -165,8 +255,10 @@ class Http11Protocol(asyncio.Protocol):
         self.client: tuple[str, int] | None = None
         self.scheme = "http"
         self.active: _Exchange | None = None  # being answered
+        self.direct: _DirectStream | None = None  # the active exchange's body, taken over
         self.parsing: _Exchange | None = None  # being read (the active one, or a pipelined one)
-        self.waiting: collections.deque[_Exchange] = collections.deque()  # pipelined, in order
+        # Pipelined requests, in order (at most MAX_PIPELINED: a list, smaller than a deque).
+        self.waiting: list[_Exchange] = []
         self.idle_since: float | None = None
         self.closing = False
         self.reading_paused = False
@@ -205,6 +297,14 @@ class Http11Protocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.state.connections.discard(self)
         self.closing = True
+        direct, self.direct = self.direct, None
+        if direct is not None:
+            lost, direct.on_lost = direct.on_lost, None
+            if lost is not None:
+                try:
+                    lost()
+                except Exception:
+                    log.exception("a direct stream's on_lost callback failed")
         for exchange in (self.active, *self.waiting):
             if exchange is not None:
                 exchange.gone = True
@@ -243,9 +343,13 @@ class Http11Protocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self.direct is not None:
+            self.direct.paused = True
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.direct is not None:
+            self.direct.paused = False
         self._resume_writers()
 
     def _resume_writers(self) -> None:
@@ -391,7 +495,8 @@ class Http11Protocol(asyncio.Protocol):
         }
         if len(self.waiting) >= MAX_PIPELINED:
             raise httptools.HttpParserError(f"more than {MAX_PIPELINED} pipelined requests")
-        exchange = _Exchange(scope, parser.should_keep_alive() and not self.closing, self._expect_continue)
+        exchange = _Exchange(scope, parser.should_keep_alive() and not self.closing, self._expect_continue, self)
+        scope["extensions"] = {direct_stream.EXTENSION: exchange}
         self.parsing = exchange
         # The body's own time starts now (a head that took long does not shorten it).
         self._read_deadline = self.loop.time() + self.read_timeout_seconds
@@ -434,6 +539,7 @@ class Http11Protocol(asyncio.Protocol):
         self.idle_since = None
         # The application runs as the task itself, its outcome handled by a done-callback
         # (`_ended`): a wrapper coroutine would add a frame to every resumption of the request.
+        assert exchange.scope is not None
         task = self.loop.create_task(self.app(exchange.scope, self._receiver(exchange), self._sender(exchange)))
         self.state.tasks.add(task)
         task.add_done_callback(functools.partial(self._ended, exchange))
@@ -443,8 +549,8 @@ class Http11Protocol(asyncio.Protocol):
         failure = None if task.cancelled() else task.exception()
         if failure is not None:
             log.error("Exception in ASGI application", exc_info=failure)
-        if exchange.complete or exchange.gone:
-            return
+        if exchange.complete or exchange.gone or exchange.direct is not None:
+            return  # a body taken over (`_take_over`) is ended by its new owner
         if exchange.started:
             if failure is None and not task.cancelled():
                 log.error("ASGI callable returned without completing response.")
@@ -453,6 +559,20 @@ class Http11Protocol(asyncio.Protocol):
             if failure is None and not task.cancelled():
                 log.error("ASGI callable returned without starting response.")
             self._answer_500(exchange)
+
+    def _take_over(self, exchange: _Exchange) -> _DirectStream | None:
+        if (exchange is not self.active or not exchange.started or exchange.complete or exchange.gone
+                or not exchange.chunked or self.transport is None or self.transport.is_closing()):
+            return None
+        if exchange.direct is None:
+            exchange.direct = self.direct = _DirectStream(self, exchange, self.transport)
+            # What a long-lived stream keeps is the connection and this exchange: the request's
+            # scope and header list go with the application's call (bench/README.md "Memory
+            # per idle stream").
+            exchange.scope = None
+            self._headers = []
+            self._url = b""
+        return exchange.direct
 
     def _answer_500(self, exchange: _Exchange) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -554,8 +674,8 @@ class Http11Protocol(asyncio.Protocol):
             raise RuntimeError("Invalid HTTP header name or value.")
         exchange.head = head
         exchange.started = True
-        if self.access_log:
-            scope = exchange.scope
+        scope = exchange.scope
+        if self.access_log and scope is not None:
             client = "%s:%d" % self.client if self.client else "-"
             query = scope["query_string"].decode("latin-1")
             # The path quoted again, as uvicorn logs it: decoded, a %0D%0A in it would write a
@@ -606,7 +726,7 @@ class Http11Protocol(asyncio.Protocol):
             self._close()
             return
         if self.waiting:
-            self._start(self.waiting.popleft())
+            self._start(self.waiting.pop(0))
             if not self.waiting:
                 self._resume_reading()
             return

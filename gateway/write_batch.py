@@ -34,19 +34,21 @@ FLUSH_BYTES = 64 * 1024
 class WriteBatch:
     """The writes of one event loop's current pass, per transport, in order."""
 
-    __slots__ = ("_loop", "_held", "__weakref__")
+    __slots__ = ("_loop", "held", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         # transport → [bytes held, chunk, chunk, ...]; a dict keeps the transports in order.
-        self._held: dict[Any, list[Any]] = {}
+        # Public so that a direct writer (http11.py `_DirectStream`) can see at the cost of
+        # one attribute read that nothing is held before it writes.
+        self.held: dict[Any, list[Any]] = {}
 
     def write(self, transport: Any, data: bytes) -> None:
-        held = self._held.get(transport)
-        if held is None:
-            if not self._held:
+        held = self.held.get(transport)
+        if held is None or held is _WRITTEN:
+            if not self.held:
                 self._loop.call_soon(self.flush_all)
-            held = self._held[transport] = [0]
+            held = self.held[transport] = [0]
         held.append(data)
         held[0] += len(data)
         if held[0] >= FLUSH_BYTES:
@@ -56,30 +58,59 @@ class WriteBatch:
         """Write `data` at once, behind whatever `transport` holds: for a writer that knows no
         other write of this pass could share the wakeup (http11.py: the only request being
         answered), so that its peer need not wait for the rest of the pass."""
-        held = self._held.pop(transport, None)
-        if held is None:
+        held = self.held.pop(transport, None)
+        if held is None or held is _WRITTEN:
             held = [0]
         held.append(data)
         _send(transport, held)
 
+    def write_through(self, transport: Any, data: bytes) -> None:
+        """Write `data` at once unless this pass already wrote to `transport`; hold the
+        writes after it until the pass ends. For a writer that writes to thousands of
+        transports in one pass (a listen fan-out, http11.py `_DirectStream`): one
+        notification goes out to each at once, and a burst of them in one pass leaves as one
+        write per transport instead of one per notification."""
+        held = self.held.get(transport)
+        if held is not None:
+            if held is _WRITTEN:
+                self.held[transport] = [len(data), data]
+                return
+            held.append(data)
+            held[0] += len(data)
+            if held[0] >= FLUSH_BYTES:
+                self.flush(transport)
+            return
+        if not self.held:
+            self._loop.call_soon(self.flush_all)
+        # A shared mark, not a list per transport: a fan-out to 10,000 streams would otherwise
+        # allocate 10,000 lists a notification for the collector to count.
+        self.held[transport] = _WRITTEN
+        transport.write(data)
+
     def flush(self, transport: Any) -> None:
         """Send what `transport` holds now (before a direct write to it, or its close)."""
-        held = self._held.pop(transport, None)
+        held = self.held.pop(transport, None)
         if held is not None:
             _send(transport, held)
 
     def flush_all(self) -> None:
-        held, self._held = self._held, {}
+        held, self.held = self.held, {}
         for transport, chunks in held.items():
             _send(transport, chunks)
 
     def holds(self, transport: Any) -> int:
         """Bytes held for `transport` (0 when none)."""
-        held = self._held.get(transport)
+        held = self.held.get(transport)
         return 0 if held is None else held[0]
 
 
-def _send(transport: Any, held: list[Any]) -> None:
+# What `write_through` holds for a transport it wrote to in this pass, until a second write.
+_WRITTEN: Any = (0,)
+
+
+def _send(transport: Any, held: Any) -> None:
+    if len(held) == 1:
+        return  # marked by `write_through`, nothing held after it
     if transport.is_closing():
         return  # closed before the pass ended: as a write to a closed transport, dropped
     try:

@@ -105,7 +105,7 @@ class LegacyCallRunner:
                     protocol_version=session.protocol_version,
                     client_capabilities=session.client_capabilities,
                 )
-                request_id = session.next_id("gw")
+                request_id = session.next_input_id()
                 future: asyncio.Future[Message] = loop.create_future()
                 session.pending[request_id] = future
                 asked.append((key, method, request_id, future))

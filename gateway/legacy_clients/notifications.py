@@ -76,6 +76,14 @@ class SessionNotifications:
                         if "method" not in message:
                             break  # the graceful end of the listen: re-listen
                         if message["method"] == "notifications/subscriptions/acknowledged":
+                            if falls_short(wanted, message.get("params")):
+                                # The hub left out what a backend did not acknowledge in time
+                                # (a backend that was down, a listen changing hands between
+                                # replicas after one died): that part would stay silent for the
+                                # life of this listen, so it is made again, with backoff.
+                                log.info("legacy session notifications: the listen was acknowledged only in part; "
+                                         "listening again")
+                                break
                             failures = 0
                             continue
                         session.notification_stream().append(without_subscription_id(message))
@@ -88,6 +96,21 @@ class SessionNotifications:
             delay = _LISTEN_BACKOFF_SECONDS[min(failures, len(_LISTEN_BACKOFF_SECONDS) - 1)]
             failures += 1
             await asyncio.sleep(delay)
+
+
+def falls_short(wanted: dict[str, Any], ack_params: Any) -> bool:
+    """Does a listen's acknowledgement grant less than the session asked for?"""
+    granted = ack_params.get("notifications") if isinstance(ack_params, dict) else None
+    if not isinstance(granted, dict):
+        return True
+    for name, value in wanted.items():
+        if name == "resourceSubscriptions":
+            got = granted.get(name)
+            if not isinstance(got, list) or not set(value) <= set(got):
+                return True
+        elif value and granted.get(name) is not True:
+            return True
+    return False
 
 
 def without_subscription_id(message: Message) -> Message:

@@ -17,6 +17,9 @@ What a session adds on top of the modern, stateless core:
   through the subscription hub.
 - Streams carry event ids and can be resumed with GET + `Last-Event-ID`; a dropped connection
   does not cancel (L-TR §Sending 6), `notifications/cancelled` does (L-CAN).
+- With a `FleetSessions` (fleet.py: `security.secret` + Redis) sessions are sealed into their
+  ids and shared, so any replica serves any request; an answer to a request parked on another
+  replica is forwarded there.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -33,6 +37,7 @@ from gateway.backends.base import internal_call
 from gateway.dispatch import SERVER_INFO, Dispatcher
 from gateway.legacy_clients import translate
 from gateway.legacy_clients.calls import LegacyCallRunner
+from gateway.legacy_clients.fleet import FORWARDED_HEADER, FleetSessions
 from gateway.legacy_clients.notifications import SessionNotifications
 from gateway.legacy_clients.sessions import (
     EventLog,
@@ -62,6 +67,11 @@ RETRY_MS = 1000
 # request (L-TR §Sending 6), so without a bound a client could start work, walk away and start
 # more: each a task, a backend call, input requests parked for up to the input timeout.
 MAX_IN_FLIGHT_PER_SESSION = 100
+# How long a new GET stream waits for the one it replaces to let go.
+_REPLACE_WAIT_SECONDS = 0.5
+# What of the client's request the replica it is forwarded to needs to authenticate and place it.
+_FORWARD_HEADERS = ("content-type", "accept", "authorization", SESSION_HEADER, h.PROTOCOL_VERSION,
+                    "traceparent", "tracestate", "baggage")
 
 
 class LegacyClients:
@@ -73,6 +83,7 @@ class LegacyClients:
         max_sessions: int = 10_000,
         keepalive_seconds: float = 15.0,
         input_timeout_seconds: float = 300.0,
+        fleet: Callable[[SessionStore], FleetSessions] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.sessions = SessionStore(idle_seconds=idle_seconds, max_sessions=max_sessions)
@@ -80,9 +91,39 @@ class LegacyClients:
         self.calls = LegacyCallRunner(dispatcher, input_timeout_seconds=input_timeout_seconds)
         self.notifications = SessionNotifications(dispatcher)
         self.closing = False
+        # Sessions any replica can serve, or None: this replica's own, in memory, as alone.
+        self.fleet = fleet(self.sessions) if fleet is not None else None
+        if self.fleet is not None:
+            self.fleet.on_subscriptions = self._subscriptions_changed_elsewhere
+            self.fleet.on_stream_elsewhere = self._stream_opened_elsewhere
+
+    async def start(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.start()
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
+        if self.fleet is not None:
+            await self.fleet.aclose()
+
+    async def _session(self, session_id: str, scope: asgi.Scope) -> LegacySession | None:
+        """The caller's live session `session_id`, or None (404)."""
+        if self.fleet is None:
+            return self.sessions.get(session_id, principal_key(scope))
+        session = await self.fleet.get(session_id, principal_key(scope))
+        if session is not None and session.principal is None:
+            session.principal = scope.get("auth")  # materialized here by this request
+        return session
+
+    async def end_session(self, session_id: str, principal: str) -> None:
+        """End the session `session_id` of `principal`, if it is live (HTTP+SSE: its stream ended)."""
+        session = self.sessions.get(session_id, principal)
+        if session is None:
+            return
+        if self.fleet is not None:
+            await self.fleet.end(session)
+        else:
+            await self.sessions.end(session)
 
     def end_streams(self) -> None:
         """Server shutdown: every standalone GET stream ends now, cleanly (a client reconnects
@@ -175,7 +216,7 @@ class LegacyClients:
                 ),
             )
             return
-        session = self.sessions.get(session_id, principal_key(scope))
+        session = await self._session(session_id, scope)
         if session is None:
             await _send_session_not_found(send, _request_id(msg))
             return
@@ -190,7 +231,7 @@ class LegacyClients:
             )
             return
         if not isinstance(method, str):
-            await self._client_response(session, msg, send)
+            await self._client_response(session, msg, body, headers, send)
         elif "id" not in msg:
             self._client_notification(session, method, msg.get("params"))
             await _accepted(send)
@@ -214,12 +255,15 @@ class LegacyClients:
                     _ALLOW,
                 )
             return
-        session = self.sessions.get(session_id, principal_key(scope))
+        session = await self._session(session_id, scope)
         if session is None:
             await _send_session_not_found(send, None)
             return
         if scope["method"] == "DELETE":
-            await self.sessions.end(session)
+            if self.fleet is not None:
+                await self.fleet.end(session)
+            else:
+                await self.sessions.end(session)
             await _empty(send, 200)
             return
         if "text/event-stream" not in headers.get("accept", "") and "*/*" not in headers.get("accept", ""):
@@ -252,22 +296,52 @@ class LegacyClients:
                 None, rpc.INTERNAL_ERROR, "This replica is shutting down: open the GET stream again"),
                 [(b"retry-after", b"1")])
             return
+        await self._notification_stream(session, receive, send)
+
+    async def _notification_stream(self, session: LegacySession, receive: asgi.Receive, send: asgi.Send) -> None:
+        """The session's GET stream. A new GET replaces the one open before, at once: each
+        message goes to exactly one stream (L-TR §Multiple Connections), and a client opens a
+        new one when it believes the old one dead, which this server may not have noticed yet
+        (a connection lost without a FIN is only seen when a keep-alive write fails)."""
+        previous = session.stream_stop
+        if previous is not None:
+            previous.set()
+        stop = session.stream_stop = asyncio.Event()
         stream = session.notification_stream()
-        if stream.readers:
-            # One GET stream per session: each message goes to exactly one stream (L-TR
-            # §Multiple Connections), so a second one would silently starve.
-            await asgi.send_json(
-                send,
-                409,
-                rpc.error_message(
-                    None, rpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream"
-                ),
-            )
-            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _REPLACE_WAIT_SECONDS
+        while stream.readers and loop.time() < deadline:
+            # The replaced reader lets go at its next step; one stuck in a write to a dead
+            # socket is not waited for (it stops after that write).
+            await asyncio.sleep(0.005)
+            if stop.is_set():
+                return  # replaced in turn before it began
+            stream = session.notification_stream()
+        if self.fleet is not None:
+            await self.fleet.stream_opened(session)
         self.notifications.ensure_listener(session)
         if stream.last_seq == 0:
             stream.prime(RETRY_MS)
-        await self._write_sse(session, stream, stream.delivered, receive, send)
+        try:
+            await self._write_sse(session, stream, stream.delivered, receive, send, stop=stop, flush_head=True)
+        finally:
+            if session.stream_stop is stop:
+                session.stream_stop = None
+                if self.fleet is not None:
+                    await self.fleet.stream_closed(session)
+
+    def _stream_opened_elsewhere(self, session: LegacySession) -> None:
+        """Another replica holds the session's GET stream now: this one's ends, and so does the
+        listener that fed it (the new holder runs its own)."""
+        if session.stream_stop is not None:
+            session.stream_stop.set()
+        if session.listener is not None:
+            session.listener.cancel()
+            session.listener = None
+
+    def _subscriptions_changed_elsewhere(self, session: LegacySession) -> None:
+        if session.listener is not None and not session.listener.done():
+            self.notifications.ensure_listener(session, restart=True)
 
     # -- initialize ---------------------------------------------------------------------------
 
@@ -294,14 +368,21 @@ class LegacyClients:
             await _send_error(send, exc.with_id(request_id))
             return
         client_info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else None
-        session = await self.sessions.create(
-            principal_key(scope), version, params.get("capabilities") or {}, client_info,
-            authenticated=is_authenticated(scope),
-        )
-        session.principal = principal_of(scope)
-        session.server_capabilities = translate.legacy_capabilities(
+        server_capabilities = translate.legacy_capabilities(
             fleet.get("capabilities") or {}, notifications=self.dispatcher.hub is not None
         )
+        if self.fleet is not None:
+            session = await self.fleet.create(
+                principal_key(scope), version, params.get("capabilities") or {}, client_info, server_capabilities,
+                authenticated=is_authenticated(scope),
+            )
+        else:
+            session = await self.sessions.create(
+                principal_key(scope), version, params.get("capabilities") or {}, client_info,
+                authenticated=is_authenticated(scope),
+            )
+        session.principal = principal_of(scope)
+        session.server_capabilities = server_capabilities
         result: dict[str, Any] = {
             "protocolVersion": version,
             "capabilities": session.server_capabilities,
@@ -316,9 +397,18 @@ class LegacyClients:
 
     # -- messages from the client -------------------------------------------------------------
 
-    async def _client_response(self, session: LegacySession, msg: Message, send: asgi.Send) -> None:
+    async def _client_response(
+        self, session: LegacySession, msg: Message, body: bytes, headers: dict[str, str], send: asgi.Send
+    ) -> None:
         """The client's answer to a request the gateway sent it."""
-        future = session.pending.get(msg.get("id")) if isinstance(msg.get("id"), str) else None
+        answer_id = msg.get("id")
+        future = session.pending.get(answer_id) if isinstance(answer_id, str) else None
+        if (future is None and self.fleet is not None and isinstance(answer_id, str)
+                and ("result" in msg or "error" in msg) and FORWARDED_HEADER not in headers):
+            owner = self.fleet.owner_of(session, answer_id)
+            if owner is not None:
+                await self._forward_answer(owner, body, headers, answer_id, send)
+                return
         if future is None or ("result" not in msg and "error" not in msg):
             await _send_error(
                 send,
@@ -330,6 +420,35 @@ class LegacyClients:
         if not future.done():
             future.set_result(msg)
         await _accepted(send)
+
+    async def _forward_answer(
+        self, owner: str, body: bytes, headers: dict[str, str], answer_id: str, send: asgi.Send
+    ) -> None:
+        """The answer belongs to a request another replica parked on the client: relay it
+        there, as an MRTR retry is relayed to the replica holding its call (docs/legacy.md),
+        and give the client that replica's verdict."""
+        assert self.fleet is not None
+        if owner.startswith("unadvertised:"):
+            await _send_error(send, rpc.invalid_request(
+                f"the request {answer_id!r} was sent by another gateway replica that advertises no address "
+                "(security.advertise_url is unset there), so this answer cannot reach it"))
+            return
+        forwarded = {name: headers[name] for name in _FORWARD_HEADERS if name in headers}
+        forwarded[FORWARDED_HEADER] = "1"
+        try:
+            response = await self.fleet.forwarder().post(owner, body, forwarded, read_timeout=10.0)
+            answer = await response.read()
+        except rpc.McpError as exc:
+            log.warning("forwarding a legacy client's answer to %s failed: %s", owner, exc.message)
+            await _send_error(send, rpc.invalid_request(
+                f"the gateway replica that sent request {answer_id!r} cannot be reached ({exc.message}); the call "
+                "that waited for this answer ended with it"))
+            return
+        content_type = response.headers.get("content-type", "application/json")
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": [(b"content-type", content_type.encode("latin-1")),
+                                (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
 
     def _client_notification(self, session: LegacySession, method: str, params: Any) -> None:
         if method == "notifications/initialized":
@@ -362,6 +481,8 @@ class LegacyClients:
                 )
                 return
             session.log_level = level  # becomes each later request's modern logLevel (digest §h.8)
+            if self.fleet is not None:
+                await self.fleet.set_log_level(session, level)
             await _send_result(send, request_id, {})
         elif method in ("resources/subscribe", "resources/unsubscribe"):
             await self._subscription(session, method, request_id, params, send)
@@ -387,8 +508,14 @@ class LegacyClients:
             session.subscriptions.add(uri)
         else:
             session.subscriptions.discard(uri)
+        if self.fleet is not None:
+            await self.fleet.update_subscription(session, uri, subscribe=method == "resources/subscribe")
         if session.subscriptions != before:
-            self.notifications.ensure_listener(session, restart=True)
+            if self.fleet is not None and self.fleet.stream_held_elsewhere(session):
+                # The replica with the GET stream hears the change and re-listens there.
+                self._subscriptions_changed_elsewhere(session)
+            else:
+                self.notifications.ensure_listener(session, restart=True)
         await _send_result(send, request_id, {})
 
     # -- forwarded requests ---------------------------------------------------------------------
@@ -467,6 +594,13 @@ class LegacyClients:
     ) -> None:
         parsed = parse_event_id(last_event_id)
         stream = session.streams.get(parsed[0]) if parsed else None
+        if (stream is None and parsed is not None and self.fleet is not None and self.dispatcher.hub is not None
+                and self.fleet.notification_stream_of_another_replica(parsed[0])):
+            # The session's GET stream was held by another replica (dead, or the balancer sent
+            # the client here): what it had not delivered went with it, and the client gets
+            # the session's notification stream from here on.
+            await self._notification_stream(session, receive, send)
+            return
         if stream is None or parsed is None or not stream.can_resume_after(parsed[1]):
             await _send_error(
                 send,
@@ -486,21 +620,33 @@ class LegacyClients:
         await self._write_sse(session, stream, parsed[1], receive, send)
 
     async def _write_sse(
-        self, session: LegacySession, stream: EventLog, after: int, receive: asgi.Receive, send: asgi.Send
+        self, session: LegacySession, stream: EventLog, after: int, receive: asgi.Receive, send: asgi.Send,
+        *, stop: asyncio.Event | None = None, flush_head: bool = False,
     ) -> None:
-        """Relay `stream` from event `after` until it finishes or the client goes away,
-        with keep-alive comments on quiet stretches."""
+        """Relay `stream` from event `after` until it finishes, the client goes away or `stop`
+        is set (a newer GET stream replaced this one), with keep-alive comments on quiet
+        stretches. `flush_head`: with no event to send at once, a comment goes out first."""
         await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS})
+        if flush_head and after >= stream.last_seq:
+            # The response head leaves with the first body bytes: a re-opened GET stream with
+            # nothing new to say was answered only at the next keep-alive, keepalive_seconds
+            # later, its client left wondering. A comment is no event: the stream's ids go on
+            # without a gap (L-TR §Resumability).
+            await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
         events = stream.follow(after)
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
         upcoming: asyncio.Future[tuple[int, bytes]] | None = None
         try:
             while True:
                 if upcoming is None:
                     upcoming = asyncio.ensure_future(events.__anext__())
+                waiting = (upcoming, watcher) if stopped is None else (upcoming, watcher, stopped)
                 done, _ = await asyncio.wait(
-                    (upcoming, watcher), timeout=self.keepalive_seconds, return_when=asyncio.FIRST_COMPLETED
+                    waiting, timeout=self.keepalive_seconds, return_when=asyncio.FIRST_COMPLETED
                 )
+                if stopped is not None and stopped in done:
+                    break  # replaced: what is not yet written goes to the new stream
                 if upcoming in done:
                     try:
                         seq, payload = upcoming.result()
@@ -516,7 +662,7 @@ class LegacyClients:
                     await send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            for task in (upcoming, watcher):
+            for task in (upcoming, watcher, stopped):
                 if task is not None and not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):

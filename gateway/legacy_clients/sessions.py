@@ -6,10 +6,11 @@ log level and its resource subscriptions. The gateway is the legacy *server* her
 the server duties of L-TR §Session Management: unguessable ids, 404 after the session ends,
 DELETE to end it.
 
-Sessions live in this process's memory. They hold live things (SSE streams, parked
-server-to-client requests, a subscription listener), so a legacy client must reach the same
-replica for the life of its session; docs/legacy-clients.md says how (affinity on
-`Mcp-Session-Id`).
+Sessions live in this process's memory: they hold live things (SSE streams, parked
+server-to-client requests, a subscription listener). Alone, a replica mints random ids and a
+legacy client must reach it for the life of its session. With `security.secret` and Redis,
+fleet.py mints sealed ids any replica can open, and the store here holds only this replica's
+materialization of each session (docs/legacy-clients.md "Replicas").
 """
 
 from __future__ import annotations
@@ -176,6 +177,16 @@ class LegacySession:
     # What the gateway advertised in its InitializeResult (translate.legacy_capabilities).
     server_capabilities: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
+    # Set when the session is shared by the fleet (fleet.py): its key in Redis, what makes this
+    # replica's stream ids and input-request ids its own, whether Redis has recorded it yet,
+    # and which replica holds its GET stream (None: none, or unknown).
+    shared_key: str | None = None
+    stream_tag: str = ""
+    input_id_suffix: str = ""
+    recorded: bool = True
+    stream_holder: str | None = None
+    # Set to stop the reader of the GET stream: a new GET replaces it (server.py).
+    stream_stop: asyncio.Event | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     @property
@@ -190,15 +201,19 @@ class LegacySession:
     def next_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
 
+    def next_input_id(self) -> str:
+        """The id of a request the gateway sends the client (elicitation, sampling, roots)."""
+        return self.next_id("gw") + self.input_id_suffix
+
     def new_stream(self) -> EventLog:
         self._drop_finished_streams()
-        stream = EventLog(self.next_id("s"))
+        stream = EventLog(self.stream_tag + self.next_id("s"))
         self.streams[stream.stream_id] = stream
         return stream
 
     def notification_stream(self) -> EventLog:
         if self.notifications is None or self.notifications.done:
-            self.notifications = EventLog(self.next_id("g"))
+            self.notifications = EventLog(self.stream_tag + self.next_id("g"))
             self.streams[self.notifications.stream_id] = self.notifications
         return self.notifications
 
@@ -251,6 +266,7 @@ class SessionStore:
         self._clock = clock
         self._sessions: OrderedDict[str, LegacySession] = OrderedDict()
         self._held: Counter[str] = Counter()  # live sessions per principal key
+        self._closing_tasks: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -295,6 +311,38 @@ class SessionStore:
         self._sessions[session.id] = session
         self._held[principal_key] += 1
         return session
+
+    def adopt(self, session: LegacySession) -> None:
+        """Hold this replica's materialization of a fleet session (fleet.py). The fleet
+        enforces the shares; here only the replica's own bound applies, and making room
+        forgets a materialization (its streams and calls here end) without ending the session,
+        which lives on in its id and in Redis."""
+        replaced = self._sessions.pop(session.id, None)
+        if replaced is not None:
+            self._release(replaced)
+            if replaced is not session:
+                self._closing(replaced)
+        for idle in [s for s in self._sessions.values() if self._expired(s)]:
+            del self._sessions[idle.id]
+            self._release(idle)
+            self._closing(idle)
+        while len(self._sessions) >= self.max_sessions:
+            _, oldest = self._sessions.popitem(last=False)
+            self._release(oldest)
+            self._closing(oldest)
+        session.last_seen = self._clock()
+        self._sessions[session.id] = session
+        self._held[session.principal_key] += 1
+
+    def _closing(self, session: LegacySession) -> None:
+        task = asyncio.ensure_future(session.close())
+        self._closing_tasks.add(task)
+        task.add_done_callback(self._closing_tasks.discard)
+
+    def peek(self, session_id: str) -> LegacySession | None:
+        """The session held here under `session_id`, without touching it (no principal check:
+        for the gateway's own bookkeeping, never for a request)."""
+        return self._sessions.get(session_id)
 
     def _release(self, session: LegacySession) -> None:
         self._held[session.principal_key] -= 1

@@ -14,6 +14,10 @@ subscriptions and cancellation are therefore the ones docs/legacy-clients.md des
 
 The connection is the session: when the client's GET ends, the gateway session ends with it.
 A POST must come from the principal that opened the stream (else 404, as for an unknown id).
+
+Replicas: the stream is one connection to one replica, and only that replica can write the
+answers. When sessions are shared by the fleet (fleet.py), the endpoint's `session_id` is
+sealed and names that replica, so a POST that a balancer sends elsewhere is forwarded there.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import orjson
 
 from gateway import asgi
+from gateway.legacy_clients.fleet import FORWARDED_HEADER
+from gateway.legacy_clients.sealed import SSE_STREAM, principal_binding
 from gateway.legacy_clients.sessions import is_authenticated, per_principal_share, principal_key
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
@@ -168,7 +174,7 @@ class SseFront:
                 "are open (a share of server.legacy_max_sessions); close one first",
                 {"limit": "legacy_clients.MAX_SESSIONS_PER_PRINCIPAL", "max": self.max_per_principal}))
             return
-        connection = _Connection(secrets.token_urlsafe(24), principal_key(scope), scope)
+        connection = _Connection(self._connection_id(scope), principal_key(scope), scope)
         self._connections[connection.id] = connection
         if counted:
             self._held[connection.principal_key] += 1
@@ -188,6 +194,46 @@ class SseFront:
                     del self._held[connection.principal_key]
             connection.closed.set()
             await self._end(connection)
+
+    def _connection_id(self, scope: asgi.Scope) -> str:
+        """Random; with a fleet, sealed around that and this replica's messages URL, so other
+        replicas can forward this stream's POSTs here."""
+        fleet = self.server.fleet
+        random_id = secrets.token_urlsafe(24)
+        if fleet is None or not fleet.owner_url.startswith(("http://", "https://")):
+            return random_id
+        owner = urlsplit(fleet.owner_url)
+        here = urlunsplit((owner.scheme, owner.netloc, self.messages_path, "", ""))
+        return fleet.sealer.seal(SSE_STREAM, {"c": random_id, "o": here, "p": principal_binding(principal_key(scope))})
+
+    async def _forward(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, connection_id: str) -> bool:
+        """A POST for a stream another replica holds: relayed there, its answer relayed back.
+        False when `connection_id` names no such stream of this caller."""
+        fleet = self.server.fleet
+        headers = asgi.header_dict(scope)
+        facts = fleet.sealer.open(SSE_STREAM, connection_id) if fleet is not None else None
+        if (facts is None or FORWARDED_HEADER in headers or not isinstance(facts.get("o"), str)
+                or not secrets.compare_digest(str(facts.get("p")), principal_binding(principal_key(scope)))):
+            return False
+        body = await asgi.read_body_or_refuse(receive, send, self.max_body_bytes)
+        if body is None:
+            return True
+        forwarded = {name: headers[name] for name in ("content-type", "authorization", "traceparent", "tracestate")
+                     if name in headers}
+        forwarded[FORWARDED_HEADER] = "1"
+        try:
+            response = await fleet.forwarder().post(f"{facts['o']}?session_id={quote(connection_id)}", body, forwarded,
+                                                  read_timeout=10.0)
+            answer = await response.read()
+        except rpc.McpError as exc:
+            log.warning("forwarding an HTTP+SSE POST to %s failed: %s", facts["o"], exc.message)
+            await _unknown_session(send, self.path)  # the stream died with its replica
+            return True
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": [(b"content-type", response.headers.get("content-type", "text/plain").encode("latin-1")),
+                                (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+        return True
 
     async def _pump(self, connection: _Connection, receive: asgi.Receive, send: asgi.Send) -> None:
         async def disconnect() -> None:
@@ -229,7 +275,11 @@ class SseFront:
             await _method_not_allowed(send, scope["method"], "POST", "POST messages here")
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        connection = self._connections.get((query.get("session_id") or [""])[0])
+        connection_id = (query.get("session_id") or [""])[0]
+        connection = self._connections.get(connection_id)
+        if connection is None and self.server.fleet is not None and await self._forward(scope, receive, send,
+                                                                                        connection_id):
+            return
         if connection is None or connection.principal_key != principal_key(scope):
             # Another principal's stream is as unknown as a closed one (no existence oracle).
             await _unknown_session(send, self.path)
@@ -296,9 +346,7 @@ class SseFront:
             await self.server(inner, connection.disconnected, relay)
 
     async def _end_session(self, connection: _Connection, session_id: str) -> None:
-        session = self.server.sessions.get(session_id, connection.principal_key)
-        if session is not None:
-            await self.server.sessions.end(session)
+        await self.server.end_session(session_id, connection.principal_key)
 
 
 async def _unknown_session(send: asgi.Send, path: str) -> None:

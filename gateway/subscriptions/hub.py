@@ -23,12 +23,15 @@ import collections
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway import descriptors
 from gateway.backends.base import Message, Reply
 from gateway.cache import NoCache, ResponseCache
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
+from gateway.protocol import sse
 from gateway.subscriptions import metrics
 from gateway.subscriptions.bus import Bus, Event, LocalBus
+from gateway.subscriptions.encoding import Outgoing, encode_id, tag
 from gateway.subscriptions.filters import (
     ACKNOWLEDGED,
     INVALIDATES,
@@ -43,6 +46,7 @@ from gateway.subscriptions.poll import pollable
 from gateway.subscriptions.upstream import StreamKey, Timing, UpstreamListen
 
 if TYPE_CHECKING:
+    from gateway.direct_stream import DirectStream
     from gateway.protocol.request import Call
     from gateway.routing.table import RouteTable, Target
     from gateway.settings import SubscriptionSettings
@@ -50,13 +54,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.subscriptions")
 
 _NOTHING = SubscriptionFilter()
+# The queue of a stream delivered directly: it holds nothing (maxlen 0), and one serves all.
+_DRAINED: collections.deque[Any] = collections.deque(maxlen=0)
 # The pseudo stream a reload's list-changed notifications come from (ClientListen.tell).
 _RELOAD = "gateway-reload"
 
 
 class ClientListen:
-    """One client's listen stream: the sink the upstreams fan out to, and the async iterator
-    of messages the endpoint relays as SSE (the ack, notifications, maybe the final result)."""
+    """One client's listen stream: the sink the upstreams fan out to, and what the endpoint
+    writes to the client (the ack, notifications, maybe the final result).
+
+    Two ways to the client. Under the gateway's own HTTP/1.1 protocol the endpoint hands the
+    stream its connection (`deliver_to`, direct_stream.py) once the ack is due: every
+    notification is then written to the socket in the loop pass that received it, spliced from
+    the one encoding of that notification (encoding.py), and nothing waits per stream (no
+    task, queue or coroutine). Otherwise (`server.http: uvicorn`) the endpoint iterates it as
+    an async iterator of messages and writes them through the ASGI `send`, from a bounded
+    queue."""
+
+    __slots__ = ("hub", "listen_id", "principal", "streams", "_max", "_queue", "_wake", "_granted", "_ack",
+                 "_ending", "_result_sent", "_detached", "_owner", "_id_json", "_channel", "_behind", "_quiet",
+                 "requested", "honored")
 
     # `__anext__` may be cancelled while it waits (a keep-alive timeout) and called again
     # without losing a message: the endpoint then reads it directly, with no pump task.
@@ -68,7 +86,7 @@ class ClientListen:
         self.listen_id = listen_id
         self.principal = principal
         self._max = queue_size
-        self._queue: collections.deque[tuple[str, Message]] = collections.deque()
+        self._queue: collections.deque[tuple[str, Outgoing]] = collections.deque()
         self._wake: asyncio.Future[None] | None = None
         self._granted: dict[str, SubscriptionFilter] = {}
         self.streams: list[UpstreamListen] = []
@@ -84,6 +102,13 @@ class ClientListen:
         # is cut when its client stopped reading: the endpoint's write may be blocked on a
         # full socket, which nothing else would wake (the same path as a disconnect).
         self._owner = owner
+        self._id_json = encode_id(listen_id)
+        # Direct delivery (`deliver_to`): the connection, the notifications written while its
+        # buffer was over the high-water mark, and whether nothing was written since the last
+        # keep-alive tick.
+        self._channel: DirectStream | None = None
+        self._behind = 0
+        self._quiet = False
 
     # -- the upstream side (Sink) ---------------------------------------------------------
 
@@ -112,15 +137,41 @@ class ClientListen:
         granted = self.honored.lists | union(self._granted.values()).lists
         self._granted[_RELOAD] = SubscriptionFilter(lists=lists & self.requested.lists & granted)
         for message in self._granted[_RELOAD].notifications():
-            self.offer(_RELOAD, message)
+            self.offer(_RELOAD, Outgoing(message))
 
-    def offer(self, stream_id: str, message: Message) -> None:
-        if self._ending is not None or not self.granted(stream_id).admits(message):
+    def offer(self, stream_id: str, outgoing: Outgoing) -> None:
+        # Once per client per notification: the fan-out's hot path (bench/README.md "Listen
+        # fan-out at dashboard scale"), written to take few steps.
+        if self._ending is not None:
+            return
+        granted = self._granted.get(stream_id)
+        if granted is None or not outgoing.admitted_by(granted):
+            return
+        channel = self._channel
+        if channel is not None:
+            # Back-pressure per stream: the socket took what the kernel would, the rest waits
+            # in the transport's buffer; past its high-water mark every notification counts as
+            # one behind, and `queue_size` of them cut the stream (as a full queue does).
+            if channel.paused:
+                self._behind += 1
+                if self._behind > self._max:
+                    self._overflow()
+                    return
+            elif self._behind:
+                self._behind = 0
+            before = outgoing.before
+            if before is None:
+                before = outgoing.encode()
+            if before:
+                channel.write_parts(before, self._id_json, outgoing.after)
+            else:
+                channel.write(outgoing.event_for(self.listen_id, self._id_json))
+            self._quiet = False
             return
         if len(self._queue) >= self._max:
             self._overflow()
             return
-        self._queue.append((stream_id, message))
+        self._queue.append((stream_id, outgoing))
         self._wakeup()
 
     def _overflow(self) -> None:
@@ -128,6 +179,13 @@ class ClientListen:
         log.warning("listen stream %r (principal %s) fell %d notifications behind; closing it so that it "
                     "re-listens", self.listen_id, self.principal, self._max)
         self._queue.clear()
+        channel = self._channel
+        if channel is not None:
+            self._channel = None
+            self._ending = "abrupt"
+            self.detach()
+            channel.cut()  # no end of the response: the client sees the stream broken
+            return
         self.end(graceful=False)
         if self._owner is not None and not self._owner.done() and self._owner is not asyncio.current_task():
             self._owner.cancel()
@@ -142,6 +200,11 @@ class ClientListen:
         if self._ending is None:
             self._ending = "graceful" if graceful else "abrupt"
         self.detach()
+        channel = self._channel
+        if channel is not None:
+            self._channel = None
+            channel.finish(self._final_event())
+            return
         self._wakeup()
 
     def detach(self) -> None:
@@ -152,7 +215,62 @@ class ClientListen:
             stream.detach(self)
         self.hub._forget(self)
 
-    # -- the client side (the Reply stream) -----------------------------------------------
+    def _final_event(self) -> bytes:
+        """What ends the stream after what was delivered: the graceful result, or nothing."""
+        if self._ending == "graceful" and not self._result_sent:
+            self._result_sent = True
+            return sse.encode(self._result())
+        return b""
+
+    def _result(self) -> Message:
+        # spec §Graceful Closure: the response to the listen request, then close.
+        return rpc.result_message(self.listen_id, {
+            "resultType": "complete", "_meta": {meta.SUBSCRIPTION_ID: self.listen_id}})
+
+    # -- the client side: direct delivery -------------------------------------------------
+
+    def deliver_to(self, channel: DirectStream, keepalive_seconds: float) -> None:
+        """From now on write straight to `channel`: the ack, what was queued since it was
+        made (re-checked against the grant, which the ack may have narrowed), then every
+        notification as it comes. No request task is left: cutting a stalled reader cuts
+        the connection."""
+        self._owner = None
+        ack, self._ack = self._ack, None
+        if ack is not None:
+            channel.write(sse.encode(ack))
+        while self._queue and self._ending != "abrupt":
+            stream_id, outgoing = self._queue.popleft()
+            if self.granted(stream_id).admits(outgoing.message):
+                channel.write(outgoing.event_for(self.listen_id, self._id_json))
+        self._queue = _DRAINED
+        if self._ending is not None:
+            channel.finish(self._final_event())
+            return
+        channel.on_lost = self._lost
+        self._channel = channel
+        self.hub._delivering(self, keepalive_seconds)
+
+    def _lost(self) -> None:
+        """The client's connection closed."""
+        self._channel = None
+        if self._ending is None:
+            self._ending = "abrupt"
+        self.detach()
+
+    def keepalive(self) -> None:
+        """A keep-alive comment if nothing was written for a whole tick (hub timer, every
+        half `server.keepalive_seconds`): quiet streams hear one every `keepalive_seconds`,
+        and none is quiet for longer."""
+        channel = self._channel
+        if channel is None:
+            return
+        if self._quiet:
+            channel.write(sse.KEEPALIVE)
+            self._quiet = False  # a write like any other: an idle stream hears one every other tick
+        else:
+            self._quiet = True
+
+    # -- the client side: the Reply stream (ASGI send) ------------------------------------
 
     def __aiter__(self) -> ClientListen:
         return self
@@ -163,15 +281,13 @@ class ClientListen:
             return ack
         while True:
             while self._queue and self._ending != "abrupt":
-                stream_id, message = self._queue.popleft()
+                stream_id, outgoing = self._queue.popleft()
                 # Re-checked here: messages queued before the ack narrowed the grant.
-                if self.granted(stream_id).admits(message):
-                    return _tag(message, self.listen_id)
+                if self.granted(stream_id).admits(outgoing.message):
+                    return tag(outgoing.message, self.listen_id)
             if self._ending == "graceful" and not self._result_sent:
                 self._result_sent = True
-                # spec §Graceful Closure: the response to the listen request, then close.
-                return rpc.result_message(self.listen_id, {
-                    "resultType": "complete", "_meta": {meta.SUBSCRIPTION_ID: self.listen_id}})
+                return self._result()
             if self._ending is not None:
                 raise StopAsyncIteration
             self._wake = asyncio.get_running_loop().create_future()
@@ -198,17 +314,6 @@ _LIST_CAPABILITY = {"toolsListChanged": "tools", "promptsListChanged": "prompts"
                     "resourcesListChanged": "resources"}
 
 
-def _tag(message: Message, listen_id: rpc.RequestId) -> Message:
-    """The notification as this client must see it: `_meta` carries its own listen id
-    (spec §Receiving Notifications)."""
-    params = message.get("params")
-    params = params if isinstance(params, dict) else {}
-    m = params.get("_meta")
-    m = m if isinstance(m, dict) else {}
-    return {"jsonrpc": "2.0", "method": message["method"],
-            "params": {**params, "_meta": {**m, meta.SUBSCRIPTION_ID: listen_id}}}
-
-
 class SubscriptionHub:
     def __init__(self, settings: SubscriptionSettings, table: RouteTable, *, cache: ResponseCache | None = None,
                  bus: Bus | None = None) -> None:
@@ -219,6 +324,11 @@ class SubscriptionHub:
         self.timing = Timing.from_settings(settings)
         self._streams: dict[str, UpstreamListen] = {}
         self._clients: set[ClientListen] = set()
+        # Clients delivered directly to their connections, and the timer that writes their
+        # keep-alive comments (one timer for all of them, not one per stream).
+        self._direct: set[ClientListen] = set()
+        self._keepalive_every: float | None = None
+        self._keepalive_timer: asyncio.TimerHandle | None = None
         self._per_principal: collections.Counter[str] = collections.Counter()
         self._backends = {t.backend.name: t.backend for t in table.targets}
         self._closing = False
@@ -250,7 +360,7 @@ class SubscriptionHub:
                 client.grant(self._stream(key), wants)
             acks = await asyncio.gather(*(s.wait_ack(self.settings.ack_timeout_seconds) for s in client.streams))
             for stream, acked in zip(client.streams, acks, strict=True):
-                client._granted[stream.id] = client.granted(stream.id) & (acked or _NOTHING)
+                client._granted[stream.id] = stream.canonical(client.granted(stream.id) & (acked or _NOTHING))
             honored = union(client._granted.values())
             client.requested, client.honored = requested, honored
         except BaseException:
@@ -277,6 +387,14 @@ class SubscriptionHub:
                 f"Too many listen streams: this gateway replica holds its limit of {s.max_listens} "
                 "(subscriptions.max_listens)", status=503, data={"limit": "subscriptions.max_listens",
                                                                  "max": s.max_listens}, request_id=request_id)
+        capacity = descriptors.listen_capacity()
+        if capacity is not None and len(self._clients) >= capacity:
+            metrics.REJECTED.labels("descriptors").inc()
+            raise rpc.McpError(
+                rpc.GATEWAY_OVERLOADED,
+                f"Too many listen streams: this gateway replica's file descriptors allow {capacity} "
+                f"(RLIMIT_NOFILE less {descriptors.RESERVED} kept for other work)", status=503,
+                data={"limit": "RLIMIT_NOFILE", "max": capacity}, request_id=request_id)
         if self._per_principal[principal] >= s.max_listens_per_principal:
             metrics.REJECTED.labels("per_principal").inc()
             raise rpc.McpError(
@@ -344,7 +462,28 @@ class SubscriptionHub:
             del self._streams[stream.id]
         return True
 
+    def _delivering(self, client: ClientListen, keepalive_seconds: float) -> None:
+        self._direct.add(client)
+        # Ticks at half the interval: a stream quiet for a whole tick gets a comment at the
+        # next one, so no stream stays quiet for longer than `keepalive_seconds`.
+        every = keepalive_seconds / 2
+        if self._keepalive_every is None or every < self._keepalive_every:
+            self._keepalive_every = every
+            if self._keepalive_timer is not None:
+                self._keepalive_timer.cancel()
+                self._keepalive_timer = None
+        if self._keepalive_timer is None:
+            self._keepalive_timer = asyncio.get_running_loop().call_later(every, self._keepalive)
+
+    def _keepalive(self) -> None:
+        self._keepalive_timer = None
+        for client in tuple(self._direct):
+            client.keepalive()
+        if self._direct and self._keepalive_every is not None:
+            self._keepalive_timer = asyncio.get_running_loop().call_later(self._keepalive_every, self._keepalive)
+
     def _forget(self, client: ClientListen) -> None:
+        self._direct.discard(client)
         if client in self._clients:
             self._clients.discard(client)
             self._per_principal[client.principal] -= 1
@@ -471,7 +610,7 @@ class SubscriptionHub:
                 acked = await stream.wait_ack(self.settings.ack_timeout_seconds) or _NOTHING
                 for sink in tuple(stream.sinks):
                     if isinstance(sink, ClientListen):
-                        sink._granted[stream.id] = sink.granted(stream.id) & acked
+                        sink._granted[stream.id] = stream.canonical(sink.granted(stream.id) & acked)
         return lists
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -494,6 +633,9 @@ class SubscriptionHub:
         self._closing = True
         for client in tuple(self._clients):
             client.end(graceful=False)
+        if self._keepalive_timer is not None:
+            self._keepalive_timer.cancel()
+            self._keepalive_timer = None
         await asyncio.gather(*(s.aclose() for s in tuple(self._streams.values())), return_exceptions=True)
         self._streams.clear()
         await self.bus.aclose()

@@ -31,7 +31,7 @@ OVERFLOWS = Counter(
 )
 REJECTED = Counter(
     "mcp_gateway_listen_rejected_total",
-    "subscriptions/listen requests refused by a limit (per_principal, total) or during shutdown.",
+    "subscriptions/listen requests refused by a limit (per_principal, total, descriptors) or during shutdown.",
     ["reason"],
 )
 POLLS = Counter(

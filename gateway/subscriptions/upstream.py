@@ -36,6 +36,7 @@ from gateway.backends.base import Backend, Reply, internal_call
 from gateway.protocol import jsonrpc as rpc
 from gateway.subscriptions import metrics
 from gateway.subscriptions.bus import Bus, Event
+from gateway.subscriptions.encoding import Outgoing
 from gateway.subscriptions.filters import ACKNOWLEDGED, DELIVERABLE, SubscriptionFilter
 from gateway.subscriptions.poll import PollSettings, Poller, minus, native_part, refuses_listen
 
@@ -58,9 +59,9 @@ class StreamKey:
 
 
 class Sink(Protocol):
-    """A client stream as the upstream sees it (hub.ClientSink)."""
+    """A client stream as the upstream sees it (hub.ClientListen)."""
 
-    def offer(self, stream_id: str, message: Message) -> None: ...
+    def offer(self, stream_id: str, outgoing: Outgoing) -> None: ...
 
     def granted(self, stream_id: str) -> SubscriptionFilter: ...
 
@@ -91,6 +92,7 @@ class UpstreamListen:
         # answers False when a client attached meanwhile.
         self._retire = retire
         self.sinks: set[Sink] = set()
+        self._filters: dict[SubscriptionFilter, SubscriptionFilter] = {}
         self._idle_since: float | None = time.monotonic()
         self.acked: SubscriptionFilter | None = None
         self._acked_event = asyncio.Event()
@@ -101,6 +103,11 @@ class UpstreamListen:
         self._task: asyncio.Task[None] | None = None
 
     # -- clients --------------------------------------------------------------------------
+
+    def canonical(self, granted: SubscriptionFilter) -> SubscriptionFilter:
+        """One object per distinct filter granted on this stream, so that a fan-out judges
+        each filter once (encoding.Outgoing.admitted_by), however many clients share it."""
+        return self._filters.setdefault(granted, granted)
 
     def attach(self, sink: Sink) -> None:
         self.sinks.add(sink)
@@ -131,13 +138,23 @@ class UpstreamListen:
         self._acked_event.set()
 
     def fan_out(self, message: Message) -> None:
+        """Hand `message` to every client of this stream, encoded once for all of them
+        (encoding.py); a client writes it to its connection before the next one gets it."""
+        outgoing = Outgoing(message)
         for sink in tuple(self.sinks):
-            sink.offer(self.id, message)
+            sink.offer(self.id, outgoing)
 
     def fan_out_gap(self) -> None:
+        # Once per type a client was granted: the same synthetic messages for clients granted
+        # the same filter, encoded once per filter.
+        encoded: dict[SubscriptionFilter, list[Outgoing]] = {}
         for sink in tuple(self.sinks):
-            for message in sink.granted(self.id).notifications():
-                sink.offer(self.id, message)
+            granted = sink.granted(self.id)
+            outgoing = encoded.get(granted)
+            if outgoing is None:
+                outgoing = encoded[granted] = [Outgoing(m) for m in granted.notifications()]
+            for one in outgoing:
+                sink.offer(self.id, one)
 
     # -- lifecycle ------------------------------------------------------------------------
 

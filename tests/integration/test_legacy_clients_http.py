@@ -336,8 +336,6 @@ async def test_get_stream_delivers_list_changes_and_subscriptions(settings):
         assert subscribed.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
         async with http.stream("GET", gw.url, headers=hdrs(session, accept="text/event-stream")) as stream:
             assert stream.status_code == 200
-            second = await http.get(gw.url, headers=hdrs(session, accept="text/event-stream"))
-            assert second.status_code == 409  # one GET stream per session: nothing is broadcast
             events = sse_events(stream)
             primed_id, primed = await anext(events)
             assert primed == "" and primed_id
@@ -415,7 +413,7 @@ async def test_malformed_initialize_and_subscribe_params(settings):
         assert no_uri.status_code == 200 and no_uri.json()["error"]["code"] == -32602
 
 
-async def test_get_streams_need_event_stream_accept_and_are_one_per_session(settings):
+async def test_get_streams_need_event_stream_accept_and_a_new_one_replaces_the_old(settings):
     async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=10) as http:
         session = await initialize(http, gw.url)
         refused = await http.get(gw.url, headers=hdrs(session, accept="application/json"))
@@ -424,9 +422,38 @@ async def test_get_streams_need_event_stream_accept_and_are_one_per_session(sett
         assert unknown.status_code == 400 and "Last-Event-ID" in unknown.json()["error"]["message"]
         async with http.stream("GET", gw.url, headers=hdrs(session, accept="text/event-stream")) as first:
             assert first.status_code == 200
-            second = await http.get(gw.url, headers=hdrs(session, accept="text/event-stream"))
-            # L-TR §Multiple Connections: a message goes to one stream; a second would starve.
-            assert second.status_code == 409 and second.json()["error"]["code"] == -32600
+            first_events = sse_events(first)
+            assert (await anext(first_events))[1] == ""  # primed
+            async with http.stream("GET", gw.url, headers=hdrs(session, accept="text/event-stream")) as second:
+                # L-TR §Multiple Connections: a message goes to one stream, so the new GET
+                # replaces the old one, which ends.
+                assert second.status_code == 200
+                second_events = sse_events(second)
+                with pytest.raises(StopAsyncIteration):
+                    await asyncio.wait_for(anext(first_events), 5)
+                await _trigger_tool_change(http, gw.url, session, 0)
+                await _trigger_tool_change(http, gw.url, session, 1)
+                _, data = await asyncio.wait_for(anext(second_events), 10)
+                assert json.loads(data)["method"] == "notifications/tools/list_changed"
+
+
+async def test_a_get_stream_reopened_after_the_previous_one_died_is_answered_at_once(conformance_backend):
+    """The response head goes out with the first body bytes: a re-opened stream with nothing
+    new used to be answered only at the next keep-alive (15 s by default). With a keep-alive
+    far longer than the wait, each re-opened stream must still start at once."""
+    settings = {"backends": [{"name": "conf", "url": conformance_backend.url, "era": "modern"}],
+                "server": {"keepalive_seconds": 60}}
+    async with running_gateway(settings) as gw, httpx.AsyncClient(timeout=30) as http:
+        session = await initialize(http, gw.url)
+        for _ in range(3):  # the first opening, then two re-openings after the previous one died
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            async with http.stream("GET", gw.url, headers=hdrs(session, accept="text/event-stream")) as stream:
+                assert stream.status_code == 200
+                # The first opening starts with the priming event, a re-opening with a comment.
+                first_line = await asyncio.wait_for(anext(stream.aiter_lines()), 5)
+                assert first_line.startswith("id: ") or first_line.startswith(":"), first_line
+            assert loop.time() - started < 5
 
 
 async def test_a_session_cannot_pile_up_work_it_walked_away_from(settings):

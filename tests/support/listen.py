@@ -88,6 +88,51 @@ class ListenReader:
                 await self._task
 
 
+MARK = b"event: message"
+
+
+class RawListen:
+    """One listen stream over a raw socket: light enough for thousands in one test. `events`
+    counts SSE message events as they arrive; `messages()` parses what came so far."""
+
+    def __init__(self, listen_id: int | str, notifications: dict[str, Any]) -> None:
+        self.id = listen_id
+        self.notifications = notifications
+        self.data = bytearray()
+        self.events = 0
+        self.changed = asyncio.Event()
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def run(self, port: int) -> None:
+        reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
+        body = orjson.dumps(mcp_http.body("subscriptions/listen", {"notifications": self.notifications},
+                                          id=self.id))
+        head = "".join(f"{k}: {v}\r\n" for k, v in mcp_http.headers("subscriptions/listen").items())
+        self.writer.write(f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}content-length: {len(body)}\r\n\r\n"
+                          .encode() + body)
+        tail = b""
+        while chunk := await reader.read(65536):  # until the gateway closes
+            self.data += chunk
+            # A mark may straddle two reads: counted over the last bytes before this one too
+            # (too few to hold a whole mark, so none is counted twice).
+            seen = tail + chunk
+            self.events += seen.count(MARK)
+            tail = seen[-(len(MARK) - 1):]
+            self.changed.set()
+
+    def messages(self) -> list[dict]:
+        return [orjson.loads(line[6:]) for line in bytes(self.data).split(b"\n") if line.startswith(b"data: ")]
+
+    async def wait_events(self, n: int) -> None:
+        while self.events < n:
+            self.changed.clear()
+            await self.changed.wait()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 async def eventually(predicate: Any, timeout: float = 20.0, interval: float = 0.05) -> None:
     """Poll until `predicate()` (sync or async) is true; fail after `timeout` seconds."""
     async def loop() -> None:

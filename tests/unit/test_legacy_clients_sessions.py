@@ -139,3 +139,25 @@ async def test_event_log_knows_what_it_can_resume():
 )
 def test_parse_event_id(value, parsed):
     assert parse_event_id(value) == parsed
+
+
+async def test_adopted_fleet_sessions_are_bounded_and_forgotten_idle_without_a_share():
+    """A replica's materializations of fleet sessions (fleet.py): the replica's LRU bound and
+    idle expiry apply (what is forgotten is closed here), the per-principal share does not
+    (the fleet counts it in Redis)."""
+    from gateway.legacy_clients.sessions import LegacySession
+
+    clock = ManualClock(1000.0)
+    store = SessionStore(idle_seconds=60, max_sessions=3, max_per_principal=1, clock=clock)
+    adopted = [LegacySession(f"id-{i}", "issuer|alice", "2025-11-25", {}, None) for i in range(4)]
+    for session in adopted[:3]:
+        store.adopt(session)
+    assert [store.get(s.id, "issuer|alice") for s in adopted[:3]] == adopted[:3]  # no share of 1 applied
+    store.adopt(adopted[3])  # the least recently used one makes room
+    await asyncio.sleep(0)
+    assert adopted[0].closed and store.peek("id-0") is None and len(store) == 3
+    clock.now += 61
+    fresh = LegacySession("id-9", "issuer|alice", "2025-11-25", {}, None)
+    store.adopt(fresh)  # the idle ones are forgotten on the way
+    await asyncio.sleep(0)
+    assert len(store) == 1 and all(s.closed for s in adopted) and store.peek("id-9") is fresh

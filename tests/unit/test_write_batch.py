@@ -143,3 +143,33 @@ async def test_a_transport_that_refuses_its_write_costs_the_others_nothing(loop)
     assert read_now(healthy_peer) == b"fine"
     assert refusing.is_closing()  # aborted rather than left half-open with its bytes lost
     assert read_now(refusing_peer) == b"<EOF>"
+
+
+@_on_each_loop
+async def test_write_through_sends_the_first_write_of_a_pass_at_once_and_joins_the_rest(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    other, other_peer = await _pair(loop)
+    batch.write(other, b"held ")
+    batch.write_through(transport, b"first ")
+    assert read_now(peer) == b"first "  # sent in the pass that wrote it
+    batch.write_through(transport, b"second ")
+    batch.write_through(transport, b"third")
+    assert read_now(peer) == b""  # the rest of the pass is held, in order
+    await _next_passes()
+    assert read_now(peer) == b"second third"
+    assert read_now(other_peer) == b"held "
+    # A new pass: the first write goes at once again.
+    batch.write_through(transport, b"next")
+    assert read_now(peer) == b"next"
+
+
+@_on_each_loop
+async def test_write_through_goes_behind_what_was_held_for_that_transport(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    batch.write(transport, b"head ")
+    batch.write_through(transport, b"body")
+    assert read_now(peer) == b""
+    await _next_passes()
+    assert read_now(peer) == b"head body"
