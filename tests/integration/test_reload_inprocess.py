@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.readiness import BackendState
 from gateway.reload.reloader import Reloader
 from gateway.settings import ConfigError, GatewaySettings, load_settings
 from tests.support import mcp_http
@@ -107,3 +108,35 @@ async def test_a_prefix_change_tells_listeners_the_tool_names_changed(servers):
             assert "one__echo" in names and "echo" not in names
         finally:
             await reader.close()
+
+
+async def test_health_checks_and_their_readiness_listener_follow_the_fleet(servers):
+    """A replaced backend's active checks stop and the new object's start; the one leaving no
+    longer writes its name's /readyz state (that name may be the new backend's now)."""
+    checked = {"health": {"check_interval_seconds": 5.0}}
+    first = settings(servers, "one", "two", one=checked, two=checked)
+    async with running_gateway(first) as gw:
+        source = Source(first)
+        reloader = Reloader(gw.runtime, source)
+        one, two = gw.runtime.backends
+        checks = gw.runtime.health_checks
+        assert set(checks._tasks) == {one, two}
+        old_tasks = dict(checks._tasks)
+
+        source.next = settings(servers, "one", one={**checked, "headers": {"X-Tenant": "b"}})
+        assert await reloader.reload("test") == "applied"
+        (new_one,) = gw.runtime.backends
+        assert new_one is not one
+        assert set(checks._tasks) == {new_one}, "the removed and replaced backends' checks must stop"
+        assert old_tasks[one].done() and old_tasks[two].done()
+        assert gw.runtime._health_changed in new_one.health.listeners
+        assert gw.runtime._health_changed not in one.health.listeners
+        assert gw.runtime._health_changed not in two.health.listeners
+
+        # What the replaced object still reports while it drains leaves /readyz alone.
+        gw.runtime.readiness.record("one", BackendState.OK)
+        for endpoint in one.health.endpoints:
+            for _ in range(5):
+                endpoint.check_failed("gone")
+        assert gw.runtime.readiness.state("one") is BackendState.OK
+        assert "two" not in gw.runtime.readiness.report()["backends"]
