@@ -116,7 +116,7 @@ class GatewayApp:
         server = settings.server
         # Initialize-era clients get gateway sessions on the same endpoint (digest §h.9).
         self.legacy_clients = LegacyClients(
-            self.runtime.dispatcher,
+            self.runtime.live,
             idle_seconds=server.legacy_session_idle_seconds,
             max_sessions=server.legacy_max_sessions,
             keepalive_seconds=server.keepalive_seconds,
@@ -125,7 +125,7 @@ class GatewayApp:
             fleet=fleet_from_settings(settings, self.runtime.replica.owner),
         ) if server.legacy_clients else None
         endpoint = McpEndpoint(
-            self.runtime.dispatcher,
+            self.runtime.live,
             max_body_bytes=settings.server.max_body_bytes,
             keepalive_seconds=settings.server.keepalive_seconds,
             legacy_clients=self.legacy_clients,

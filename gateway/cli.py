@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from gateway import __version__, descriptors
@@ -94,29 +95,47 @@ def _bind_or_refuse(field: str, host: str, port: int) -> socket.socket:
         raise _StartupRefused([(field, f"cannot listen on {host}:{port}: {exc.strerror or exc}")]) from None
 
 
-async def _serve(settings: GatewaySettings) -> None:
+def _with_demo(settings: GatewaySettings, demo_port: int | None) -> GatewaySettings:
+    """The settings with the embedded demo backend appended when they ask for it (`demo`, or
+    no backends). Raises ConfigError when they ask for it and none runs (`demo_port` None: it
+    starts only at start-up)."""
+    if not (settings.demo or not settings.backends):
+        return settings
+    if demo_port is None:
+        raise ConfigError([("demo", "the bundled demo backend starts only at start-up: restart the gateway to "
+                                    "serve it (or declare backends)")])
+    return settings.model_copy(update={"backends": (
+        *settings.backends,
+        *GatewaySettings(backends=[{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp",
+                                    "era": "modern"}]).backends,
+    )})
+
+
+async def _serve(settings: GatewaySettings, load: Callable[[], GatewaySettings] | None = None,
+                 watch: str | None = None) -> None:
+    """Serve `settings`; `load` reads the configuration again for a reload (SIGHUP, and
+    `watch`: the file to poll for changes)."""
     import uvicorn
 
     from gateway.app import build_app
     from gateway.demo.backend import demo_app
     from gateway.lifecycle import Lifecycle, Listener, run_until_stopped
     from gateway.preflight import find_problems
+    from gateway.reload.reloader import Reloader
+    from gateway.reload.watch import ConfigWatcher
 
     # Listen streams hold a descriptor each: take every one the hard limit allows.
     descriptors.raise_soft_limit()
     server_settings = settings.server
     demo_server = None
+    demo_port: int | None = None
     if settings.demo or not settings.backends:
         demo_sock = _bind("127.0.0.1", 0)
         demo_port = demo_sock.getsockname()[1]
         # log_config=None as for the gateway's own listeners (uvicorn_config): its lines go
         # through the one handler, in the configured format.
         demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off", log_config=None))
-        settings = settings.model_copy(update={"backends": (
-            *settings.backends,
-            *GatewaySettings(backends=[{"name": "demo", "url": f"http://127.0.0.1:{demo_port}/mcp",
-                                        "era": "modern"}]).backends,
-        )})
+        settings = _with_demo(settings, demo_port)
         log.info("no backends configured: serving the bundled demo backend on 127.0.0.1:%d", demo_port)
     try:
         app = build_app(settings)
@@ -133,6 +152,9 @@ async def _serve(settings: GatewaySettings) -> None:
     demo_task = None
     if demo_server is not None:
         demo_task = asyncio.create_task(demo_server.serve(sockets=[demo_sock]))
+
+    reloader = Reloader(app.runtime, lambda: _with_demo((load or (lambda: settings))(), demo_port))
+    watcher = ConfigWatcher(watch, lambda: reloader.request("watch")) if watch else None
 
     class GatewayServer(Listener):
         async def startup(self, sockets: Any = None) -> None:
@@ -153,6 +175,10 @@ async def _serve(settings: GatewaySettings) -> None:
             # drain of in-flight requests can finish instead of waiting out the deadline.
             for listener in getattr(self, "servers", ()):
                 listener.close()
+            # No reload once the stop began: the runtime is about to close.
+            if watcher is not None:
+                await watcher.aclose()
+            await reloader.aclose()
             await app.begin_shutdown()
             await super().shutdown(sockets)
 
@@ -165,16 +191,16 @@ async def _serve(settings: GatewaySettings) -> None:
     if server_settings.tls is not None:
         from gateway.front_tls import reload_certificates
 
-        tls_settings, previous = server_settings.tls, lifecycle.on_reload
-
-        def reload() -> None:
-            # SIGHUP: the renewed certificate first (a small call the live reload can make too).
-            reload_certificates(mcp.config.ssl, tls_settings)
-            previous()
-
-        lifecycle.on_reload = reload
+        tls_settings = server_settings.tls
+        # SIGHUP: the renewed certificate, beside the configuration (Lifecycle.on_reload).
+        lifecycle.add_reloader("the server.tls certificate",
+                               lambda: reload_certificates(mcp.config.ssl, tls_settings))
 
     def started() -> None:
+        # Reloads start once the runtime runs (a SIGHUP before that is only logged).
+        lifecycle.add_reloader("configuration", lambda: reloader.request("SIGHUP"))
+        if watcher is not None:
+            watcher.start()
         ops_line = ""
         if ops_sock is not None:
             ops_host = server_settings.ops_host or server_settings.host
@@ -200,6 +226,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     settings = _with_server(settings, host=args.host, port=args.port)
+    path = args.config or os.environ.get(CONFIG_ENV)
+    if args.watch and path is None:
+        print("serve --watch needs a configuration file (--config or $" + CONFIG_ENV + ")", file=sys.stderr)
+        return 2
+
+    def load() -> GatewaySettings:
+        # Read again exactly as above: the file, the environment, the command-line overrides.
+        return _with_server(load_settings(path), host=args.host, port=args.port)
+
     from gateway.observability import logs, tracing
 
     logs.configure(settings.observability.log_level, settings.observability.log_format)
@@ -216,7 +251,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         runner = asyncio.run
     try:
-        runner(_serve(settings))
+        runner(_serve(settings, load, watch=path if args.watch else None))
     except _StartupRefused as exc:
         _print_problems(ConfigError(exc.problems))
         return 2
@@ -372,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help=f"YAML config file (or ${CONFIG_ENV}); none: the bundled demo backend")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--watch", action="store_true",
+                   help="reload when the config file changes (as on SIGHUP; docs/reload.md)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a config file and print every problem")

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from gateway import __version__
-from gateway.backends.base import Message, Reply, aclose
+from gateway.backends.base import Backend, Message, Reply, aclose
 from gateway.backends.concurrency import Slot
 from gateway.backends.retry import retry_after
 from gateway.cache import NoCache, Outcome, ResponseCache
@@ -574,20 +574,26 @@ class Dispatcher:
         return reply, probe
 
     async def _final(self, target: Target, call: Call) -> Message:
-        reply, probe = await self._send(target, call)
-        if reply.message is not None:
-            message = reply.message
-        else:
-            try:
-                message = await reply.final()
-            except rpc.McpError as exc:
-                probe.failed(exc)
-                raise
-            except BaseException:
-                probe.abandoned()
-                raise
-            probe.complete(message)
-        return modernize(message, call, target.backend.name)
+        backend = target.backend
+        # Counted while under way, so that a reload's drain of this backend waits for it.
+        backend.in_flight += 1
+        try:
+            reply, probe = await self._send(target, call)
+            if reply.message is not None:
+                message = reply.message
+            else:
+                try:
+                    message = await reply.final()
+                except rpc.McpError as exc:
+                    probe.failed(exc)
+                    raise
+                except BaseException:
+                    probe.abandoned()
+                    raise
+                probe.complete(message)
+            return modernize(message, call, backend.name)
+        finally:
+            backend.in_flight -= 1
 
     async def _forward_within_budget(self, target: Target, call: Call) -> Reply:
         budget = Budget(target, call)
@@ -600,15 +606,41 @@ class Dispatcher:
             raise budget.exhausted() from None
 
     async def _forward(self, target: Target, call: Call, budget: Budget | None = None) -> Reply:
-        reply, probe = await self._send(target, call)
+        under_way = _UnderWay(target.backend)
+        try:
+            reply, probe = await self._send(target, call)
+        except BaseException:
+            under_way.end()
+            raise
         if reply.message is not None:
+            under_way.end()
             fixed = modernize(reply.message, call, reply.backend)
             if fixed is not reply.message:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None
-        reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get(), budget)
+        # A stream stays under way until it is relayed (its generator's end) or dropped unread
+        # (the Reply's closer: a generator that never started runs no `finally`).
+        reply.closers.append(under_way.end)
+        reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get(), budget,
+                                         under_way)
         return reply
+
+
+class _UnderWay:
+    """One call counted in its backend's `in_flight` (what a reload's drain waits for),
+    uncounted once whichever way it ends."""
+
+    __slots__ = ("_backend",)
+
+    def __init__(self, backend: Backend) -> None:
+        backend.in_flight += 1
+        self._backend: Backend | None = backend
+
+    def end(self) -> None:
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.in_flight -= 1
 
 
 def _hold_until_done(reply: Reply, slot: Slot) -> None:
@@ -658,9 +690,11 @@ def modernize(message: Message, call: Call, backend: str) -> Message:
 
 
 async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend: str, probe: BackendCall,
-                            record: RequestRecord | None, budget: Budget | None = None) -> AsyncIterator[Message]:
+                            record: RequestRecord | None, budget: Budget | None = None,
+                            under_way: _UnderWay | None = None) -> AsyncIterator[Message]:
     """The stream, made modern. With a budget, its first message must come within the call's
-    budget (Budget): from then on the stream's own read and max_call_seconds bounds hold."""
+    budget (Budget): from then on the stream's own read and max_call_seconds bounds hold.
+    `under_way`: the backend's in-flight count this stream holds until it ends."""
     wants_logs = call.log_level is not None
     try:
         if budget is not None:
@@ -700,6 +734,8 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
         raise
     finally:
         probe.abandoned()  # a no-op once the answer was noted
+        if under_way is not None:
+            under_way.end()
         await aclose(stream)
 
 

@@ -11,7 +11,9 @@ load balancers still send until the endpoint removal reaches them. Here, instead
   then the operations listener, then the embedded demo backend; the process exits 0.
 - SIGINT (Ctrl+C at a terminal): the same without the drain delay. A second SIGTERM/SIGINT
   cuts the delay short; a third one stops waiting for in-flight requests.
-- SIGHUP: `on_reload`, a hook (for now it logs that reload is not supported): never a stop.
+- SIGHUP: `on_reload`, the one reload entry point: it runs every reloader joined with
+  `add_reloader` (the configuration, gateway/reload/; others may join, e.g. certificates),
+  each on its own so that one failing does not stop the others. Never a stop.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ class Lifecycle:
         self.stop_requested = asyncio.Event()
         self._hurry = asyncio.Event()
         self._stop_signals = 0
-        # Called on SIGHUP. The fleet-resilience work (live reload) replaces it.
-        self.on_reload: Callable[[], None] = self._reload_unsupported
+        # Run on SIGHUP, in the order joined: (what it reloads, a callable that starts it).
+        self.reloaders: list[tuple[str, Callable[[], object]]] = []
         # Called on the third stop signal: give up waiting for in-flight requests.
         self.on_force: Callable[[], None] = lambda: None
 
@@ -83,13 +85,24 @@ class Lifecycle:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._hurry.wait(), self.drain_delay_seconds)
 
+    def add_reloader(self, what: str, reload: Callable[[], object]) -> None:
+        """Join the SIGHUP reload: `reload` is called from the signal handler, in the event
+        loop, and must not block (schedule the work as a task)."""
+        self.reloaders.append((what, reload))
+
+    def on_reload(self) -> None:
+        if not self.reloaders:
+            log.warning("SIGHUP: nothing reloads in this process; the gateway keeps running as it is")
+            return
+        log.info("SIGHUP: reloading %s", ", ".join(what for what, _ in self.reloaders))
+        for what, reload in self.reloaders:
+            try:
+                reload()
+            except Exception:  # noqa: BLE001 - one reloader's fault must not stop the others
+                log.exception("SIGHUP: reloading %s failed", what)
+
     def _on_hup(self) -> None:
         self.on_reload()
-
-    @staticmethod
-    def _reload_unsupported() -> None:
-        log.warning("SIGHUP: configuration reload is not supported yet; the gateway keeps running "
-                    "with its current configuration (restart it to apply a new one)")
 
 
 async def run_until_stopped(lifecycle: Lifecycle, mcp: uvicorn.Server, mcp_sockets: list[Any],

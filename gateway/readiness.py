@@ -58,6 +58,17 @@ class BackendStates:
     def state(self, name: str) -> BackendState:
         return self._states[name]
 
+    def follow(self, kept: Iterable[str], fresh: Iterable[str]) -> None:
+        """A reload: `kept` names keep their state, `fresh` ones start unknown, the others
+        are forgotten. One swap, so a probe never sees half of it."""
+        states = {name: self._states.get(name, BackendState.UNKNOWN) for name in kept}
+        states.update({name: BackendState.UNKNOWN for name in fresh})
+        forgotten = [name for name in self._states if name not in states]
+        self._states = states
+        # /readyz and mcp_gateway_backend_up keep naming the same backends.
+        for name in forgotten:
+            metrics.forget_backend_up(name)
+
     def begin_drain(self) -> None:
         self.draining = True
 
@@ -89,11 +100,25 @@ class ReadinessChecks:
         self.states = states
         self.backends = tuple(backends)
         self.interval = interval
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[Backend, asyncio.Task[None]] = {}
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._check_forever(b), name=f"readiness-{b.name}")
-                       for b in self.backends]
+        for b in self.backends:
+            if b not in self._tasks:
+                self._tasks[b] = asyncio.create_task(self._check_forever(b), name=f"readiness-{b.name}")
+
+    async def follow(self, backends: Iterable[Backend]) -> None:
+        """A reload: keep checking the backends still there, stop checking the others, start
+        on the new ones."""
+        self.backends = tuple(backends)
+        gone = [task for b, task in self._tasks.items() if b not in self.backends]
+        self._tasks = {b: task for b, task in self._tasks.items() if b in self.backends}
+        for task in gone:
+            task.cancel()
+        for task in gone:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.start()
 
     async def check(self, backend: Backend) -> BackendState:
         """One check: a discovery no older than the interval (the request path keeps it fresh
@@ -120,9 +145,9 @@ class ReadinessChecks:
             await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
 
     async def aclose(self) -> None:
-        for task in self._tasks:
+        tasks, self._tasks = list(self._tasks.values()), {}
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks = []

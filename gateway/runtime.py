@@ -1,13 +1,24 @@
 """The running gateway: settings compiled into backends, a route table, the cache and the
-hub, with their lifecycle. Built once per process from frozen settings."""
+hub, with their lifecycle.
+
+What a request reads of the configuration is one immutable `Snapshot` (settings, backends,
+route table, dispatcher), taken once when the request starts (`LiveDispatcher`): a reload
+(`Runtime.apply`, driven by gateway/reload/) builds the next snapshot beside the current one
+and swaps it in with one assignment, so a request sees the old fleet or the new one, never a
+mix (DESIGN.md principle 4). The cache and the hub live as long as the process.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from gateway.backends import create_backend
-from gateway.backends.base import Backend
+from gateway.backends.base import Backend, Reply
 from gateway.backends.health_checks import HealthChecks
 from gateway.backends.replica import ReplicaContext
 from gateway.cache import ResponseCache
@@ -16,46 +27,75 @@ from gateway.dispatch import Dispatcher, Hub
 from gateway.policies.authorization import RuleSet
 from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
+from gateway.protocol.request import Call
 from gateway.readiness import BackendState, BackendStates, ReadinessChecks
 from gateway.routing.curation import Curation
 from gateway.routing.pins import Pins
 from gateway.routing.table import RouteTable, Target
-from gateway.settings import GatewaySettings
+from gateway.settings import ConfigError, GatewaySettings
 from gateway.subscriptions import build_hub
 
 log = logging.getLogger("gateway.runtime")
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One configuration as the request path uses it; never changed, only replaced."""
+
+    generation: int
+    settings: GatewaySettings
+    backends: tuple[Backend, ...]
+    table: RouteTable
+    dispatcher: Dispatcher
+
+
+class LiveDispatcher:
+    """What the fronts (the MCP endpoint, initialize-era sessions) call: the current
+    snapshot's dispatcher, read once per request. `dispatch` hands back that dispatcher's
+    coroutine itself, so the indirection costs one attribute read, not a coroutine frame."""
+
+    __slots__ = ("snapshot",)
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def dispatch(self, call: Call) -> Awaitable[Reply]:
+        return self.snapshot.dispatcher.dispatch(call)
+
+    def tool_param_headers(self, name: str) -> Awaitable[tuple[Any, ...]]:
+        return self.snapshot.dispatcher.tool_param_headers(name)
+
+    @property
+    def hub(self) -> Hub | None:
+        return self.snapshot.dispatcher.hub
+
+
 class Runtime:
     def __init__(self, settings: GatewaySettings, *, backends: list[Backend] | None = None,
                  cache: ResponseCache | None = None, hub: Hub | None = None) -> None:
-        self.settings = settings
         # Compiled once: what every legacy backend shares with the fleet (MRTR key, address).
         self.replica = ReplicaContext.from_settings(settings)
-        self.backends = backends if backends is not None else [
-            create_backend(b, self.replica) for b in settings.backends]
-        self.table = RouteTable(
-            [Target(backend, settings.prefix_of(backend.settings), Curation.of(backend.settings))
-             for backend in self.backends],
-            max_uris=settings.server.max_resource_uris,
-        )
-        self.table.pins = Pins.from_settings(settings, on_change=self._pins_changed)
-        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
-        self.hub: Hub = hub if hub is not None else build_hub(settings, self.table, self.cache)
-        # Governance, compiled once (docs/governance.md): None when not configured.
+        built = backends if backends is not None else [create_backend(b, self.replica) for b in settings.backends]
+        # Governance, compiled once (docs/governance.md): None when not configured. Changing it
+        # needs a restart (a reload applies `backends` only; docs/reload.md).
         self.rules = RuleSet.from_settings(settings)
         self.rate_limits = RateLimits.from_settings(settings)
-        self.dispatcher = Dispatcher(self.table, cache=self.cache, hub=self.hub, rules=self.rules,
-                                     rate_limits=self.rate_limits)
+        self.pins = Pins.from_settings(settings, on_change=self._pins_changed)
+        table = _table(settings, built, self.pins)
+        self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
+        self.hub: Hub = hub if hub is not None else build_hub(settings, table, self.cache)
+        self.snapshot = Snapshot(0, settings, tuple(built), table, self._dispatcher(table))
+        self.live = LiveDispatcher(self.snapshot)
         self._discovery: asyncio.Task[None] | None = None
+        # Backends a reload took out of the fleet, while their calls under way finish.
+        self._drains: dict[asyncio.Task[None], Backend] = {}
         # Active health checks (backends/health_checks.py); their state feeds /readyz.
-        self.health_checks = HealthChecks(self.backends)
+        self.health_checks = HealthChecks(built)
         self.shutting_down = False
         # What /readyz reads: kept by background checks, never probed on the request.
-        self.readiness = BackendStates((b.name for b in self.backends), settings.server.readiness)
-        self.readiness_checks = ReadinessChecks(self.readiness, self.backends,
-                                                settings.server.readiness_interval_seconds)
-        for backend in self.backends:
+        self.readiness = BackendStates((b.name for b in built), settings.server.readiness)
+        self.readiness_checks = ReadinessChecks(self.readiness, built, settings.server.readiness_interval_seconds)
+        for backend in built:
             # Remembered health (backends/health.py) feeds readiness: an ejection is "failing" at once.
             backend.health.listeners.append(self._health_changed)
 
@@ -63,14 +103,34 @@ class Runtime:
         if not up:
             self.readiness.record(name, BackendState.FAILING, reason)
 
+    # The current snapshot's parts (what the rest of the process and tests read).
+    @property
+    def settings(self) -> GatewaySettings:
+        return self.snapshot.settings
+
+    @property
+    def backends(self) -> list[Backend]:
+        return list(self.snapshot.backends)
+
+    @property
+    def table(self) -> RouteTable:
+        return self.snapshot.table
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.snapshot.dispatcher
+
+    def _dispatcher(self, table: RouteTable) -> Dispatcher:
+        return Dispatcher(table, cache=self.cache, hub=self.hub, rules=self.rules, rate_limits=self.rate_limits)
+
     def _pins_changed(self) -> None:
         # What is withheld changed: no kept aggregated list may be reused (cache/assembled.py).
         self.table.revision += 1
 
     async def start(self) -> None:
-        if self.table.pins is not None:
-            await self.table.pins.reload()
-        await asyncio.gather(*(b.start() for b in self.backends))
+        if self.pins is not None:
+            await self.pins.reload()
+        await asyncio.gather(*(b.start() for b in self.snapshot.backends))
         await self.cache.start()
         await self.hub.start()
         # Learn capabilities in the background: a backend that is down at start-up must not
@@ -80,7 +140,7 @@ class Runtime:
         # Their first round joins that discovery (Backend.discover runs one at a time).
         self.readiness_checks.start()
 
-    async def discover_all(self, timeout: float = 10.0) -> None:
+    async def discover_all(self, timeout: float = 10.0, backends: Iterable[Backend] | None = None) -> None:
         async def one(backend: Backend) -> None:
             try:
                 await asyncio.wait_for(backend.discover(max_age=0), timeout)
@@ -93,12 +153,78 @@ class Runtime:
             else:
                 _check_result(backend, None)
 
-        await asyncio.gather(*(one(b) for b in self.backends))
+        await asyncio.gather(*(one(b) for b in (self.snapshot.backends if backends is None else backends)))
 
     @property
     def discovery_task(self) -> asyncio.Task[None] | None:
         """The start-up discovery of every backend, while or after it runs."""
         return self._discovery
+
+    # -- a reload -------------------------------------------------------------------------
+
+    def build_backends(self, settings: GatewaySettings, keep: frozenset[str]) -> list[Backend]:
+        """The next fleet, in configured order: the current Backend object for each name in
+        `keep` (its settings did not change: pools, sessions, processes and upstream listens
+        carry on), a new one for every other. Raises ConfigError naming each backend whose
+        constructor refuses; nothing is started yet."""
+        current = {b.name: b for b in self.snapshot.backends}
+        built: list[Backend] = []
+        problems: list[tuple[str, str]] = []
+        for i, b in enumerate(settings.backends):
+            try:
+                built.append(current[b.name] if b.name in keep else create_backend(b, self.replica))
+            except Exception as exc:  # noqa: BLE001 - any refusal is a problem to report, field-named
+                problems.append((f"backends.{i}", str(exc) or type(exc).__name__))
+        if problems:
+            raise ConfigError(problems)
+        return built
+
+    async def apply(self, settings: GatewaySettings, backends: list[Backend], *,
+                    renamed: frozenset[str] = frozenset()) -> Snapshot:
+        """Swap in the snapshot of `settings` (validated) over `backends` (`build_backends`):
+        start the new backends, compile the route table (keeping what the old one learned of
+        the kept backends), swap, then let the hub and the readiness checks follow and drain
+        the backends no longer in the fleet. `renamed`: kept backends whose prefix changed."""
+        old = self.snapshot
+        fresh = [b for b in backends if b not in old.backends]
+        await asyncio.gather(*(b.start() for b in fresh))
+        for backend in fresh:
+            backend.health.listeners.append(self._health_changed)
+        table = _table(settings, backends, self.pins, max_uris=old.table._max_uris)
+        table.inherit(old.table)
+        snapshot = Snapshot(old.generation + 1, settings, tuple(backends), table, self._dispatcher(table))
+        # The swap: every request from here on reads the new snapshot; those under way finish
+        # on the one they started with.
+        self.snapshot = self.live.snapshot = snapshot
+        for backend in old.backends:
+            if backend not in backends:
+                # Its calls still under way (the drain) must not mark the name, which may now
+                # be a new backend's, failing in /readyz.
+                with contextlib.suppress(ValueError):
+                    backend.health.listeners.remove(self._health_changed)
+        # A replaced backend keeps its name's last state until its first check (at once): a
+        # reload must not flap /readyz for a backend that merely got a new header.
+        known = {b.name for b in old.backends}
+        self.readiness.follow((b.name for b in backends if b.name in known),
+                              (b.name for b in backends if b.name not in known))
+        await self.readiness_checks.follow(backends)
+        await self.health_checks.follow(backends)
+        # New backends' capabilities first (bounded by each one's list deadline): the hub
+        # needs them to attach listeners and to say which lists changed.
+        await self.discover_all(timeout=max((b.settings.list_timeout_seconds for b in fresh), default=1.0),
+                                backends=fresh)
+        reconfigure = getattr(self.hub, "reconfigure", None)
+        if reconfigure is not None:
+            await reconfigure(table, renamed=renamed)
+        grace = settings.server.graceful_shutdown_seconds
+        for backend in old.backends:
+            if backend not in backends:
+                task = asyncio.create_task(backend.drain(grace), name=f"drain-{backend.name}")
+                self._drains[task] = backend
+                task.add_done_callback(lambda done: self._drains.pop(done, None))
+        return snapshot
+
+    # -- shutdown -------------------------------------------------------------------------
 
     async def begin_shutdown(self) -> None:
         """Called when the server stops accepting: long-lived streams get their graceful end
@@ -115,9 +241,27 @@ class Runtime:
         await self.cache.aclose()
         if self.rate_limits is not None:
             await self.rate_limits.aclose()
-        if self.table.pins is not None:
-            await self.table.pins.aclose()
-        await asyncio.gather(*(b.aclose() for b in self.backends), return_exceptions=True)
+        if self.pins is not None:
+            await self.pins.aclose()
+        # Backends a reload is still draining are closed with the rest, now: the process's own
+        # drain (graceful_shutdown_seconds) already waited for the requests under way.
+        draining = list(self._drains.items())
+        self._drains.clear()
+        for task, _ in draining:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(b.aclose() for b in (*self.snapshot.backends, *(b for _, b in draining))),
+                             return_exceptions=True)
+
+
+def _table(settings: GatewaySettings, backends: list[Backend], pins: Pins | None,
+           max_uris: int | None = None) -> RouteTable:
+    table = RouteTable([Target(backend, settings.prefix_of(backend.settings), Curation.of(backend.settings))
+                        for backend in backends],
+                       max_uris=settings.server.max_resource_uris if max_uris is None else max_uris)
+    table.pins = pins
+    return table
 
 
 def _check_result(backend: Backend, failure: str | None) -> None:

@@ -24,7 +24,6 @@ import orjson
 from gateway.backends.concurrency import CallLimiter
 from gateway.backends.health import BackendHealth
 from gateway.backends.retry import RetryBudget, send_with_retries
-
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.methods import METHODS
@@ -134,6 +133,9 @@ class Backend(abc.ABC):
         self.retry_budget = RetryBudget(settings.retry_budget_percent, settings.retry_budget_min_per_second)
         # The clock of the discovery cache and failure memory (a test's ManualClock).
         self.clock: Callable[[], float] = time.monotonic
+        # Client calls under way (counted by the dispatcher, the one place they all pass):
+        # what `drain` waits for when a reload removes or replaces this backend.
+        self.in_flight = 0
 
     def endpoint_labels(self) -> tuple[str, ...]:
         """What the health metrics call each endpoint: its origin, or the process."""
@@ -185,6 +187,19 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:
         """Release everything; called once at shutdown."""
+
+    async def drain(self, deadline_seconds: float, poll_seconds: float = 0.05) -> None:
+        """A reload removed or replaced this backend: let the calls under way finish (at most
+        `deadline_seconds`), then release it. No new call reaches it: the new snapshot no
+        longer routes to it."""
+        waited = 0.0
+        while self.in_flight > 0 and waited < deadline_seconds:
+            await asyncio.sleep(poll_seconds)
+            waited += poll_seconds
+        if self.in_flight > 0:
+            log.warning("backend %s: %d call(s) still under way after %gs of drain; closing it anyway",
+                        self.name, self.in_flight, deadline_seconds)
+        await self.aclose()
 
     @property
     def capabilities(self) -> dict[str, Any] | None:

@@ -55,12 +55,28 @@ class HealthChecks:
     """The background tasks of a fleet's active checks."""
 
     def __init__(self, backends: Iterable[Backend]) -> None:
-        self.backends = tuple(b for b in backends if b.settings.health.check_interval_seconds > 0)
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.backends = _checked(backends)
+        # Keyed by the Backend object, not its name: a reload that replaces a backend keeps
+        # the name and must still stop the old object's checks.
+        self._tasks: dict[Backend, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         for backend in self.backends:
-            self._tasks[backend.name] = asyncio.create_task(self._forever(backend), name=f"health-{backend.name}")
+            if backend not in self._tasks:
+                self._tasks[backend] = asyncio.create_task(self._forever(backend), name=f"health-{backend.name}")
+
+    async def follow(self, backends: Iterable[Backend]) -> None:
+        """A reload: keep checking the backends still there, stop checking the others, start
+        on the new ones."""
+        self.backends = _checked(backends)
+        gone = [task for b, task in self._tasks.items() if b not in self.backends]
+        self._tasks = {b: task for b, task in self._tasks.items() if b in self.backends}
+        for task in gone:
+            task.cancel()
+        for task in gone:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.start()
 
     async def _forever(self, backend: Backend) -> None:
         interval = backend.settings.health.check_interval_seconds
@@ -78,3 +94,7 @@ class HealthChecks:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _checked(backends: Iterable[Backend]) -> tuple[Backend, ...]:
+    return tuple(b for b in backends if b.settings.health.check_interval_seconds > 0)

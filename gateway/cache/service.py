@@ -76,7 +76,7 @@ class StoreCache:
         self.policy = CachePolicy(settings)
         self.clock = clock
         self._flights: SingleFlight[_Filled] = SingleFlight()
-        self._fingerprints: dict[tuple[int, str, str], str] = {}
+        self._fingerprints: dict[tuple[int, str, str], tuple[Any, str]] = {}
         self.assembled = AssembledAnswers(store, clock)
 
     # -- lookups ----------------------------------------------------------------------------
@@ -257,13 +257,15 @@ class StoreCache:
         settings = target.backend.settings
         memo = (id(settings), target.prefix, method)
         found = self._fingerprints.get(memo)
-        if found is None:
+        # The settings object is held beside its digest: after a reload an `id` can be reused
+        # by other settings, and must not find the digest of the ones it replaced.
+        if found is None or found[0] is not settings:
             freshness = dataclasses.asdict(self.policy.freshness(target.backend.name, method))
-            found = route_fingerprint(
+            found = (settings, route_fingerprint(
                 settings.model_dump(mode="json"), target.prefix, freshness, self.settings.negative_ttl_ms
-            )
+            ))
             self._fingerprints[memo] = found
-        return found
+        return found[1]
 
     @staticmethod
     def _count(call: Call, scope: str, outcome: Outcome) -> Outcome:

@@ -216,7 +216,8 @@ STDIO_RESTARTS = Counter(
 )
 CONFIG_RELOADS = Counter(
     "mcp_gateway_config_reloads_total",
-    "Configuration reloads by result (ok, failed); a failed reload keeps the running configuration.",
+    "Configuration reloads by result: applied (swapped in), unchanged (nothing to apply), "
+    "refused (invalid; the running configuration keeps serving).",
     ["result"],
 )
 BUILD_INFO = Gauge(
@@ -232,6 +233,14 @@ def set_backend_up(backend: str, up: bool) -> None:
     BACKEND_UP.labels(backend).set(1 if up else 0)
 
 
+def forget_backend_up(backend: str) -> None:
+    """A reload took `backend` out of the fleet: its series goes, as its /readyz entry does."""
+    try:
+        BACKEND_UP.remove(backend)
+    except KeyError:
+        pass
+
+
 def count_health_check(backend: str, ok: bool) -> None:
     HEALTH_CHECKS.labels(backend, "ok" if ok else "failed").inc()
     set_backend_up(backend, ok)
@@ -242,9 +251,12 @@ def count_ejection(backend: str) -> None:
     set_backend_up(backend, False)
 
 
-def count_reload(ok: bool) -> None:
-    """The seam for live reload (issue 18): one reload attempt and whether it was applied."""
-    CONFIG_RELOADS.labels("ok" if ok else "failed").inc()
+RELOAD_RESULTS = ("applied", "unchanged", "refused")
+
+
+def count_reload(result: str) -> None:
+    """One configuration reload (gateway/reload/reloader.py) and its result, of RELOAD_RESULTS."""
+    CONFIG_RELOADS.labels(result).inc()
 
 
 _AUTH_REASONS = {(400, "invalid_request"): "bad_request", (401, None): "missing_token",
@@ -334,7 +346,7 @@ def initialise(backends: Iterable[tuple[str, str]]) -> None:
         AUTH_FAILURES.labels(reason)
     for store, operation in (("redis", "get"), ("redis", "set")):
         CACHE_STORE_ERRORS.labels(store, operation)
-    for result in ("ok", "failed"):
+    for result in RELOAD_RESULTS:
         CONFIG_RELOADS.labels(result)
     for method in ("tools/list", "resources/read", "prompts/list", "resources/list"):
         for scope in ("public", "private"):

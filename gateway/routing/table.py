@@ -79,6 +79,30 @@ class RouteTable:
         # for reuse (cache/assembled.py) is only reused while this has not moved.
         self.revision = 0
 
+    def inherit(self, old: RouteTable) -> None:
+        """Take over what `old` learned about the backends both tables share (the same
+        Backend object: a reload that left its settings alone), so that a reload costs them no
+        re-listing: their listed URIs and templates, their tools' header annotations. Names
+        are prefix-free here (a backend's own), so a new prefix changes nothing of it."""
+        self.revision = old.revision + 1  # an aggregated answer of the old table is not reused
+        for target in self.targets:
+            name = target.backend.name
+            before = old.by_name.get(name)
+            if before is None or before.backend is not target.backend:
+                continue
+            for uri in sorted(old._listed.get(name, ())):
+                self._index(target, uri)
+            self._listed[name] = {uri for uri in old._listed.get(name, ()) if uri in self._uris}
+            if name in old._templates:
+                self._templates[name] = list(old._templates[name])
+            if name in old._param_headers:
+                self._param_headers[name] = dict(old._param_headers[name])
+            if name in old._filtered:
+                self._filtered[name] = old._filtered[name]
+        self._uri_templates = sorted(
+            ((lit, t) for t in self.targets for lit in self._templates.get(t.backend.name, ())),
+            key=lambda lt: (-len(lt[0]), self._order.get(lt[1].backend.name, 0)))
+
     # -- names ----------------------------------------------------------------------------
 
     def resolve_name(self, exposed: str, kind: str = "tools") -> tuple[Target, str] | None:

@@ -27,14 +27,14 @@ from gateway import descriptors
 from gateway.backends.base import Message, Reply
 from gateway.cache import NoCache, ResponseCache
 from gateway.protocol import jsonrpc as rpc
-from gateway.protocol import meta
-from gateway.protocol import sse
+from gateway.protocol import meta, sse
 from gateway.subscriptions import metrics
 from gateway.subscriptions.bus import Bus, Event, LocalBus
 from gateway.subscriptions.encoding import Outgoing, encode_id, tag
 from gateway.subscriptions.filters import (
     ACKNOWLEDGED,
     INVALIDATES,
+    LIST_FLAGS,
     RESOURCE_UPDATED,
     SubscriptionFilter,
     deliverable,
@@ -55,6 +55,8 @@ log = logging.getLogger("gateway.subscriptions")
 _NOTHING = SubscriptionFilter()
 # The queue of a stream delivered directly: it holds nothing (maxlen 0), and one serves all.
 _DRAINED: collections.deque[Any] = collections.deque(maxlen=0)
+# The pseudo stream a reload's list-changed notifications come from (ClientListen.tell).
+_RELOAD = "gateway-reload"
 
 
 class ClientListen:
@@ -70,7 +72,8 @@ class ClientListen:
     queue."""
 
     __slots__ = ("hub", "listen_id", "principal", "streams", "_max", "_queue", "_wake", "_granted", "_ack",
-                 "_ending", "_result_sent", "_detached", "_owner", "_id_json", "_channel", "_behind", "_quiet")
+                 "_ending", "_result_sent", "_detached", "_owner", "_id_json", "_channel", "_behind", "_quiet",
+                 "requested", "honored")
 
     # `__anext__` may be cancelled while it waits (a keep-alive timeout) and called again
     # without losing a message: the endpoint then reads it directly, with no pump task.
@@ -90,6 +93,10 @@ class ClientListen:
         self._ending: str | None = None  # "graceful" | "abrupt"
         self._result_sent = False
         self._detached = False
+        # What the client asked for and what its ack honoured: a reload attaches it to the
+        # streams of backends added meanwhile and tells it which lists changed.
+        self.requested = _NOTHING
+        self.honored = _NOTHING
         # The request task writing this stream to the client. Cancelling it is how a stream
         # is cut when its client stopped reading: the endpoint's write may be blocked on a
         # full socket, which nothing else would wake (the same path as a disconnect).
@@ -111,6 +118,25 @@ class ClientListen:
 
     def granted(self, stream_id: str) -> SubscriptionFilter:
         return self._granted.get(stream_id, _NOTHING)
+
+    def replace_stream(self, old: UpstreamListen, new: UpstreamListen | None) -> None:
+        """A reload closed `old` (its backend was removed, or replaced by `new` under the same
+        key): the client stream itself stays open."""
+        if old in self.streams:
+            self.streams.remove(old)
+        if new is None:
+            self._granted.pop(old.id, None)
+        elif new not in self.streams and not self._detached:
+            self.streams.append(new)
+            new.attach(self)
+
+    def tell(self, lists: frozenset[str]) -> None:
+        """A reload changed what the fleet lists: `notifications/*/list_changed` for each of
+        `lists` that this client asked for and was granted."""
+        granted = self.honored.lists | union(self._granted.values()).lists
+        self._granted[_RELOAD] = SubscriptionFilter(lists=lists & self.requested.lists & granted)
+        for message in self._granted[_RELOAD].notifications():
+            self.offer(_RELOAD, Outgoing(message))
 
     def offer(self, stream_id: str, outgoing: Outgoing) -> None:
         # Once per client per notification: the fan-out's hot path (bench/README.md "Listen
@@ -276,6 +302,17 @@ class ClientListen:
         self.detach()
 
 
+def _lists_of(capabilities: dict[str, Any] | None) -> frozenset[str]:
+    """The list-changed flags whose lists a backend serves (all of them while unknown)."""
+    if capabilities is None:
+        return frozenset(LIST_FLAGS)
+    return frozenset(flag for flag in LIST_FLAGS if isinstance(capabilities.get(_LIST_CAPABILITY[flag]), dict))
+
+
+_LIST_CAPABILITY = {"toolsListChanged": "tools", "promptsListChanged": "prompts",
+                    "resourcesListChanged": "resources"}
+
+
 class SubscriptionHub:
     def __init__(self, settings: SubscriptionSettings, table: RouteTable, *, cache: ResponseCache | None = None,
                  bus: Bus | None = None) -> None:
@@ -324,6 +361,7 @@ class SubscriptionHub:
             for stream, acked in zip(client.streams, acks, strict=True):
                 client._granted[stream.id] = stream.canonical(client.granted(stream.id) & (acked or _NOTHING))
             honored = union(client._granted.values())
+            client.requested, client.honored = requested, honored
         except BaseException:
             client.end(graceful=False)
             raise
@@ -511,6 +549,68 @@ class SubscriptionHub:
                 continue
             await self._invalidate_backend(stream.key.backend, uris)
             stream.fan_out_gap()
+
+    # -- a reload (gateway/reload/) -------------------------------------------------------
+
+    async def reconfigure(self, table: RouteTable, *, renamed: frozenset[str] = frozenset()) -> None:
+        """A reload swapped the fleet (`table`): client streams stay open. Upstream listens of
+        backends that are kept go on untouched; those of removed backends close; those of
+        replaced backends re-open on the new backend (the same key, so the same grants);
+        clients that asked for lists listen to added backends too; and every client hears
+        the list-changed notifications of whatever the reload changed (`renamed`: kept
+        backends whose names changed, a new prefix)."""
+        before = self._backends
+        self.table = table
+        self._backends = {t.backend.name: t.backend for t in table.targets}
+        lists: set[str] = set()
+        for name in renamed:
+            lists |= _lists_of(self._backends[name].capabilities)
+        for name, backend in before.items():
+            if self._backends.get(name) is not backend:
+                lists |= _lists_of(backend.capabilities)
+        for stream in tuple(self._streams.values()):
+            backend = self._backends.get(stream.key.backend)
+            if backend is stream.backend:
+                continue
+            del self._streams[stream.id]
+            sinks = tuple(stream.sinks)
+            await stream.aclose()
+            replacement = self._stream(stream.key) if backend is not None else None
+            for sink in sinks:
+                if isinstance(sink, ClientListen):
+                    sink.replace_stream(stream, replacement)
+        added = tuple(t for t in table.targets if before.get(t.backend.name) is not t.backend)
+        if added and self._clients:
+            lists |= await self._listen_to(added)
+        elif added:
+            for target in added:
+                lists |= _lists_of(target.backend.capabilities)
+        if lists:
+            for client in tuple(self._clients):
+                client.tell(frozenset(lists))
+
+    async def _listen_to(self, added: tuple[Target, ...]) -> set[str]:
+        """Attach the list listeners to the list streams of backends a reload added; the
+        lists those backends serve."""
+        everything = SubscriptionFilter(lists=frozenset(LIST_FLAGS))
+        plan = await self._plan(everything, added)
+        lists: set[str] = set()
+        for target in added:
+            lists |= _lists_of(target.backend.capabilities)
+        for key, offered in plan:
+            stream: UpstreamListen | None = None
+            for client in tuple(self._clients):
+                wants = offered.lists & client.requested.lists
+                if not wants or any(s.key.backend == key.backend for s in client.streams):
+                    continue
+                stream = stream or self._stream(key)
+                client.grant(stream, SubscriptionFilter(lists=wants))
+            if stream is not None:
+                acked = await stream.wait_ack(self.settings.ack_timeout_seconds) or _NOTHING
+                for sink in tuple(stream.sinks):
+                    if isinstance(sink, ClientListen):
+                        sink._granted[stream.id] = stream.canonical(sink.granted(stream.id) & acked)
+        return lists
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -107,12 +107,13 @@ def python_server(script: str, *args: str, python: str | None = None, name: str 
     return Proc(argv, port, name=name or script.removesuffix(".py"))
 
 
-def gateway_process(config_path: Path, port: int | None = None, env: dict[str, str] | None = None) -> Proc:
-    """The gateway as its own process (`python -m gateway serve`). No drain delay unless `env`
-    sets one: a test's SIGTERM should not wait for load balancers that are not there."""
+def gateway_process(config_path: Path, port: int | None = None, env: dict[str, str] | None = None,
+                    args: tuple[str, ...] = ()) -> Proc:
+    """The gateway as its own process (`python -m gateway serve`, plus `args`). No drain delay
+    unless `env` sets one: a test's SIGTERM should not wait for load balancers that are not there."""
     port = port or free_port()
     env = {"MCP_GATEWAY_SERVER__DRAIN_DELAY_SECONDS": "0", **(env or {})}
-    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(port)]
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(port), *args]
     return Proc(argv, port, env=env, name="gateway")
 
 

@@ -204,6 +204,25 @@ async def test_a_streamed_answer_is_modernized_and_drops_requests_and_unasked_lo
     assert a.closed_streams == 1
 
 
+async def test_a_call_is_counted_in_flight_until_its_stream_ends_or_is_dropped_unread():
+    """What a reload's drain waits for (Backend.drain): a stream never read must not stay
+    counted, or the drain would wait out its deadline for nothing."""
+    a = tool_backend("a", ["t"])
+    dispatcher = await fleet(a)
+    a.handler = answers({"tools/list": {"tools": [{"name": "t", "inputSchema": {"type": "object"}}],
+                                        "resultType": "complete"},
+                         "tools/call": stream(progress(1), {"content": []})})
+    read = await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 1
+    assert [m async for m in read.stream][-1]["result"]["content"] == []
+    assert a.in_flight == 0
+    dropped = await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 1
+    await dropped.aclose()
+    await dropped.aclose()
+    assert a.in_flight == 0, "a stream dropped unread is no longer under way, and counted down once"
+
+
 async def test_a_stream_that_ends_without_a_response_is_a_protocol_error():
     a = tool_backend("a", ["t"])
     dispatcher = await fleet(a)

@@ -55,3 +55,23 @@ async def test_a_third_signal_forces_and_sighup_only_calls_the_reload_hook():
         assert forced == [True]
     finally:
         life.uninstall()
+
+
+async def test_sighup_runs_every_joined_reloader_even_when_one_fails(caplog):
+    life = lifecycle(30)
+    ran: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("certificates unreadable")
+
+    life.add_reloader("configuration", lambda: ran.append("configuration"))
+    life.add_reloader("certificates", broken)
+    life.add_reloader("other", lambda: ran.append("other"))
+    life.install()
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        await asyncio.sleep(0.05)
+    finally:
+        life.uninstall()
+    assert ran == ["configuration", "other"] and not life.stop_requested.is_set()
+    assert "reloading certificates failed" in caplog.text

@@ -59,3 +59,25 @@ def test_each_recorded_state_is_the_backend_up_gauge():
     assert up("readiness-gauge") == 0 and not s.ready
     s.record("readiness-gauge", OK)
     assert up("readiness-gauge") == 1 and s.ready
+
+
+def test_a_reload_keeps_known_names_states_and_forgets_removed_ones():
+    from gateway.readiness import BackendState, BackendStates
+
+    states = BackendStates(["a", "b"], "all")
+    states.record("a", BackendState.OK)
+    states.record("b", BackendState.OK)
+    assert states.ready
+    states.follow(kept=["a"], fresh=["c"])
+    assert states.report()["backends"] == {"a": "ok", "c": "unknown"} and not states.ready
+
+
+def test_a_backend_a_reload_removed_leaves_the_backend_up_gauge():
+    from prometheus_client import REGISTRY
+
+    s = BackendStates(["reload-kept", "reload-gone"], "any")
+    s.record("reload-kept", OK)
+    s.record("reload-gone", OK)
+    s.follow(kept=["reload-kept"], fresh=[])
+    assert REGISTRY.get_sample_value("mcp_gateway_backend_up", {"backend": "reload-gone"}) is None
+    assert REGISTRY.get_sample_value("mcp_gateway_backend_up", {"backend": "reload-kept"}) == 1
