@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     import gateway.runtime
     from gateway import cli
 
-    gateway.runtime.build_cache = lambda _settings: cache  # the filled one, for this process
+    gateway.runtime.build_cache = lambda *_args: cache  # the filled one, for this process
     return cli.main(cli_argv)
 
 

@@ -25,15 +25,56 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from listen_fanout import Reader, pct  # noqa: E402
+from listen_fanout import pct  # noqa: E402
 
 from tests.support import mcp_http  # noqa: E402
 from tests.support.procs import Proc, gateway_process, python_server  # noqa: E402
+
+# A raw listen stream in this process (bench/listen_fanout.py runs its readers in processes of
+# their own, pinned away from the gateway; here both replicas and the readers share the CPUs).
+MARK = b"notifications/tools/list_changed"
+
+
+class Reader:
+    """One raw listen stream: counts notifications and stamps their arrival."""
+
+    def __init__(self, i: int) -> None:
+        self.id = f"bench-{i}"
+        self.acked = asyncio.Event()
+        self.arrivals: list[float] = []
+        self.writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self, port: int) -> None:
+        reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
+        body = orjson.dumps(mcp_http.body("subscriptions/listen", {"notifications": {"toolsListChanged": True}},
+                                          id=self.id))
+        head = "".join(f"{k}: {v}\r\n" for k, v in mcp_http.headers("subscriptions/listen").items())
+        self.writer.write(f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}content-length: {len(body)}\r\n\r\n"
+                          .encode() + body)
+        tail = b""
+        while True:
+            chunk = await reader.read(65536)
+            if not chunk:
+                return
+            now = time.time()
+            data = tail + chunk
+            if not self.acked.is_set() and b"subscriptions/acknowledged" in data:
+                self.acked.set()
+            self.arrivals.extend([now] * data.count(MARK))
+            tail = data[-len(MARK):] if MARK not in data[-len(MARK):] else b""
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.task is not None:
+            self.task.cancel()
 
 
 async def measure(redis_url: str, n: int, rounds: int) -> dict[str, float]:
