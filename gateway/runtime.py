@@ -72,6 +72,8 @@ class Runtime:
             await self.table.pins.reload()
         await asyncio.gather(*(b.start() for b in self.backends))
         await self.cache.start()
+        if self.rate_limits is not None:
+            await self.rate_limits.start()
         await self.hub.start()
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
