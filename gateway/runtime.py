@@ -132,6 +132,8 @@ class Runtime:
             await self.pins.reload()
         await asyncio.gather(*(b.start() for b in self.snapshot.backends))
         await self.cache.start()
+        if self.rate_limits is not None:
+            await self.rate_limits.start()
         await self.hub.start()
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.

@@ -11,7 +11,9 @@ Where the counts live: in this process (`LocalBuckets`), or in Redis when the ca
 bucket is one key, updated by one Lua script that reads Redis's own clock (so replicas need no
 synchronized clocks) and decides atomically; every limit a request meets goes in one pipeline,
 one round trip. Keys are hash-tagged per bucket (`{…}`), so each script touches one slot and
-the limiter works on Redis Cluster, with buckets spread over the slots. Keys hold a hash of
+the limiter works on Redis Cluster, with buckets spread over the slots; there a request's
+scripts run side by side, each on its slot's master (redis-py's cluster pipeline refuses
+EVALSHA), still one round trip of wall time. Keys hold a hash of
 the bucket's identity, never a principal or a tool name in clear.
 
 Redis failing (down, slow past `cache.redis_timeout_ms`): the local buckets take over for
@@ -176,6 +178,8 @@ class SharedBuckets(Protocol):
 
     async def take(self, requests: list[tuple[Any, float, int]]) -> list[float]: ...
 
+    async def start(self) -> None: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -206,9 +210,14 @@ class RedisBuckets:
         self.prefix = prefix
         self.timeout = timeout_seconds
         self._script = client.register_script(_GCRA)
+        from redis.asyncio.cluster import RedisCluster
         from redis.exceptions import NoScriptError
 
         self._no_script = NoScriptError
+        # redis-py's ClusterPipeline blocks EVALSHA (a pipeline's keys may span slots): on
+        # Cluster each bucket's script goes on its own, concurrently, to its slot's master.
+        self._on_cluster = isinstance(client, RedisCluster)
+        self._warming: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str, timeout_seconds: float) -> RedisBuckets:
@@ -229,6 +238,12 @@ class RedisBuckets:
             if len(requests) == 1:
                 bucket, interval, burst = requests[0]
                 waits = [await self._script(keys=[self.key(bucket)], args=[round(interval * 1e6), burst])]
+            elif self._on_cluster:
+                # The Script object loads the script on NOSCRIPT (Redis restarted, a
+                # replica promoted) and retries, per bucket.
+                waits = await asyncio.gather(*(
+                    self._script(keys=[self.key(bucket)], args=[round(interval * 1e6), burst])
+                    for bucket, interval, burst in requests))
             else:
                 # EVALSHA straight into the pipeline: redis-py's Script in a pipeline would ask
                 # SCRIPT EXISTS first on every execute (a second round trip).
@@ -242,7 +257,18 @@ class RedisBuckets:
                     return await self.take(requests)
         return [int(w) / 1e6 for w in waits]
 
+    async def start(self) -> None:
+        # Connect (on Cluster: read the slot map) before the first request: a burst of first
+        # requests on a cold RedisCluster client fails some with "Connection closed by server"
+        # while the client replaces its start-up nodes, and they would fall back to the
+        # local buckets.
+        from gateway.redis_client.clients import warm_up
+
+        self._warming = asyncio.create_task(warm_up(self.client), name="rate-limits-redis-warm-up")
+
     async def aclose(self) -> None:
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
         await self.client.aclose()
 
 
@@ -336,6 +362,10 @@ class RateLimits:
                 raise rpc.gateway_overloaded(
                     f"Too Many Requests: rate limit {limit.label} ({_describe(limit)}) reached; retry in {retry_ms} ms",
                     limit=limit.label, status=429, retry_after=wait, data={"retryAfterMs": retry_ms})
+
+    async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
 
     async def aclose(self) -> None:
         if self.shared is not None:

@@ -6,18 +6,20 @@ shared `redis:` block (the URL forms `redis+sentinel://` and `redis+cluster://`)
 - a cache hit across replicas (an answer fetched through one is served by the other);
 - a listen notification across replicas, through one upstream listen for both;
 - an MRTR retry on the other replica (it needs no Redis, but must keep working beside it);
+- a rate limit across replicas: calls alternating between both draw from buckets in Redis
+  (two limits per call: one EVALSHA pipeline on Sentinel, two scripts on two slots on Cluster);
 - a failover under load: the master holding the cache's keys and both channels is killed
   (-9) while tools/call and cached reads run through both replicas: no tools/call fails, the
   cache is bypassed during the outage and back in use within seconds of the promotion, and
   the listen streams stay open and hear changes made after it.
 
-Rate limits across replicas come with issue 19 (the limiter will take its Redis from the
-same block, gateway/redis_client).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ import httpx
 import pytest
 import redis
 import yaml
+from redis.crc import key_slot
 
 from tests.support import legacy_venv, mcp_http
 from tests.support.listen import ListenReader, eventually
@@ -37,6 +40,16 @@ from tests.support.redis_shapes import RedisCluster, RedisSentinelSet, sentinel_
 TOOLS_CHANGED = "notifications/tools/list_changed"
 ELICIT = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
 ASK = {"name": "old__ask_user", "arguments": {"question": "colour?"}}
+# Only the rate-limit test calls this tool, so the limits leave the module's other tests alone.
+LIMITED_TOOL = "counted__counted_b"
+RATE_LIMITS = [
+    {"id": "shapes-per-principal", "rate": "10/s", "burst": 10, "key": ["principal"],
+     "methods": ["tools/call"], "names": [LIMITED_TOOL]},
+    # Never reached; a second bucket (on another slot) makes each check two scripts at once.
+    # A slow rate so its key (which expires once the bucket is full again) outlives the test.
+    {"id": "shapes-per-name", "rate": "100/m", "burst": 1000, "key": ["name"],
+     "methods": ["tools/call"], "names": [LIMITED_TOOL]},
+]
 
 
 class Shape:
@@ -145,6 +158,7 @@ def replicas(shape: Shape, counting_backend: Proc, mutable_backend: Proc, legacy
                                   "reconnect_initial_seconds": 0.05, "reconnect_max_seconds": 0.5},
                 "security": {"secret": "shared-test-secret"},
                 "observability": {"log_level": "warning"},
+                "rate_limits": RATE_LIMITS,
             }))
             procs.append(gateway_process(Path(config), port=port).start())
         for proc in procs:
@@ -252,6 +266,54 @@ async def test_an_mrtr_retry_on_the_other_replica_completes_the_call(replicas):
                  "requestState": result["requestState"]}
         final = _answer(await mcp_http.post(http, two.url, "tools/call", retry, id="c2", meta=ELICIT))
     assert final["result"]["content"][0]["text"] == "accept: blue"
+
+
+async def test_a_rate_limit_holds_across_the_replicas(shape, replicas):
+    one, two = replicas
+    async with httpx.AsyncClient(timeout=30) as http:
+        for gateway in replicas:
+            await eventually(lambda g=gateway: _tools_listed(http, g))
+        fallbacks_before = [await _fallbacks(http, gateway) for gateway in replicas]
+        started = time.monotonic()
+        answers = await asyncio.gather(*(
+            mcp_http.post(http, replicas[i % 2].url, "tools/call", {"name": LIMITED_TOOL, "arguments": {}}, id=i)
+            for i in range(40)))
+        elapsed = time.monotonic() - started
+        keys = _bucket_keys(shape)  # at once: the principal's bucket expires within ~1 s
+        # Every decision was Redis's: no replica fell back to its own buckets.
+        assert [await _fallbacks(http, gateway) for gateway in replicas] == fallbacks_before
+    ok = [a for a in answers if a.status_code == 200]
+    limited = [a for a in answers if a.status_code == 429]
+    assert len(ok) + len(limited) == 40, [a.status_code for a in answers]
+    # One shared bucket: burst 10, then one per 100 ms of the run (+1 for a refill at the
+    # edge). Buckets per replica would let at least 20 through.
+    assert 10 <= len(ok) <= 10 + math.floor(elapsed * 10) + 1, (len(ok), elapsed)
+    assert {_answer(a)["result"]["content"][0]["text"] for a in ok} == {"counted_b"}
+    for answer in limited:
+        assert int(answer.headers["retry-after"]) >= 1
+        assert answer.json()["error"]["data"]["limit"] == "shapes-per-principal"
+    # Both buckets are keys on the shape, hash-tagged; on Cluster, on two different slots.
+    assert len(keys) == 2, keys
+    if shape.cluster is not None:
+        assert len({key_slot(k.encode()) for k in keys}) == 2, keys
+
+
+async def _fallbacks(http: httpx.AsyncClient, gateway: Proc) -> float:
+    text = (await http.get(f"http://127.0.0.1:{gateway.port}/metrics")).text
+    match = re.search(r"^mcp_gateway_rate_limit_fallbacks_total (\S+)$", text, re.MULTILINE)
+    assert match is not None, "the replica does not export mcp_gateway_rate_limit_fallbacks_total"
+    return float(match.group(1))
+
+
+def _bucket_keys(shape: Shape) -> list[str]:
+    if shape.cluster is not None:
+        with redis.RedisCluster(host="127.0.0.1", port=shape.cluster.live()[0].port, decode_responses=True) as client:
+            keys = list(client.scan_iter(f"{shape.prefix}:rl:*"))  # every master's
+    else:
+        with redis.Redis(port=shape.master().port, decode_responses=True) as client:
+            keys = list(client.scan_iter(f"{shape.prefix}:rl:*"))
+    assert all(re.fullmatch(re.escape(shape.prefix) + r":rl:\{[0-9a-f]{24}\}", k) for k in keys), keys
+    return keys
 
 
 async def test_a_lost_master_under_load_fails_no_call_and_everything_resumes(shape, replicas, mutable_backend):

@@ -120,6 +120,9 @@ class BrokenBuckets:
         self.calls += 1
         raise ConnectionError("redis is down")
 
+    async def start(self) -> None:
+        pass
+
     async def aclose(self) -> None:
         pass
 
