@@ -148,21 +148,25 @@ async def test_concurrent_first_calls_share_one_token_fetch(served):
 
 
 async def test_a_token_is_refreshed_in_the_background_before_it_expires(served):
-    authz = AuthorizationServer({CLIENT_ID: CLIENT_SECRET}, expires_in=4)
+    authz = AuthorizationServer({CLIENT_ID: CLIENT_SECRET}, expires_in=10)
     a = await served(authz)
     backend = GuardedBackend()
     b = await served(backend)
-    # Refresh once 3 of the 4 seconds remain... but never before half the lifetime: at 2 s.
+    # Refresh once 8 of the 10 seconds remain... but never before half the lifetime: at 5 s.
+    # The token stays usable until 9 s: seconds of slack for a loaded machine either side.
     settings = {"backends": [backend_entry(f"{b.base}/mcp", client_credentials(f"{a.base}/token",
-                                                                              refresh_before_seconds=3))]}
+                                                                              refresh_before_seconds=8))]}
     async with running_gateway(settings, discover=False) as gw, httpx.AsyncClient() as client:
         assert (await call(client, gw.url)).status_code == 200
         assert (await call(client, gw.url)).status_code == 200
         assert len(authz.requests) == 1
-        await asyncio.sleep(2.3)
+        await asyncio.sleep(5.3)
         # Served at once by the old token, which is still good; the refresh runs beside it.
         assert (await call(client, gw.url)).status_code == 200
-        await asyncio.sleep(0.5)
+        for _ in range(100):
+            if len(authz.requests) == 2:
+                break
+            await asyncio.sleep(0.05)
         assert len(authz.requests) == 2
         assert (await call(client, gw.url)).status_code == 200
     tokens = backend.bearer_tokens()
