@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
     SecretStr,
     ValidationError,
     field_validator,
@@ -614,7 +615,27 @@ class CacheRule(_Frozen):
 # -- Redis ---------------------------------------------------------------------------------
 
 
-class RedisSettings(_Frozen):
+def _shown_redis_url(url: str | None) -> str | None:
+    from gateway.redis_client.plan import redacted
+
+    return None if url is None else redacted(url)
+
+
+# A Redis URL may carry a password: JSON dumps of the settings show it without one (and
+# `_RedisUrlsHidden` does the same for repr/str); the client gets the URL as written.
+RedisUrl = Annotated[str, PlainSerializer(_shown_redis_url, when_used="json")]
+
+
+class _RedisUrlsHidden(_Frozen):
+    """A section with Redis URL fields (`url`, the `redis_url` short forms): its repr and str
+    show them without their password."""
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, (_shown_redis_url(value) if name in ("url", "redis_url") and isinstance(value, str) else value)
+
+
+class RedisSettings(_RedisUrlsHidden):
     """One Redis deployment, in any shape (docs/scale.md): a URL, or explicit `sentinels` +
     `service_name`, or `cluster: true` + seed `nodes`. The rules live in
     gateway/redis_client/plan.py, so check-config and serve apply the same ones."""
@@ -625,7 +646,7 @@ class RedisSettings(_Frozen):
     # redis:// rediss:// unix:// | redis+sentinel://h1:26379,h2:26379/service/db |
     # redis+cluster://h1:6379,h2:6379. Unset: redis://127.0.0.1:6379/0 unless the explicit
     # forms below are used.
-    url: str | None = None
+    url: RedisUrl | None = None
     sentinels: tuple[str, ...] = ()  # host:port of each Sentinel
     service_name: str | None = None  # the master's name in Sentinel
     cluster: bool = False
@@ -643,12 +664,6 @@ class RedisSettings(_Frozen):
     cert_file: str | None = None
     key_file: str | None = None
 
-    def __repr_args__(self) -> Any:
-        from gateway.redis_client.plan import redacted
-
-        for name, value in super().__repr_args__():
-            yield name, (redacted(value) if name == "url" and isinstance(value, str) else value)
-
     @model_validator(mode="after")
     def _plan(self) -> RedisSettings:
         from gateway.redis_client.plan import plan_of
@@ -657,14 +672,14 @@ class RedisSettings(_Frozen):
         return self
 
 
-class CacheSettings(_Frozen):
+class CacheSettings(_RedisUrlsHidden):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
 
     store: Literal["memory", "redis", "none"] = "memory"
     # The cache's own Redis; unset: the top-level `redis:` block. `redis_url` is the short
     # form of `redis: {url: ...}`, kept for existing configs.
     redis: RedisSettings | None = None
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     # Prefix of every Redis key and the invalidation channel; replicas sharing a cache share it.
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # The in-memory store (store: memory): LRU bounded by entry count and by encoded bytes.
@@ -788,7 +803,7 @@ class ObservabilitySettings(_Frozen):
     otlp_metrics: bool = False
 
 
-class SubscriptionSettings(_Frozen):
+class SubscriptionSettings(_RedisUrlsHidden):
     """The subscriptions/listen hub (docs/subscriptions.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
@@ -810,7 +825,7 @@ class SubscriptionSettings(_Frozen):
     # Unset: the top-level `redis:` block when it is set or cache.store is redis (the cache's
     # own Redis then); otherwise each replica works alone. `redis_url`: short form.
     redis: RedisSettings | None = None
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
     lease_seconds: Annotated[float, Field(gt=0)] = 5.0
