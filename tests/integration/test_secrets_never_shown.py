@@ -422,3 +422,62 @@ def test_a_real_serve_run_against_a_password_protected_redis_never_shows_a_secre
     assert '"level":"debug"' in log, log[-2000:]  # debug logging was on
     assert "redis.password" in log and "NOT_SET_Y" in log
     assert_nothing_secret(log + "\n".join(shown), token)
+
+
+def _reachable(root: Any, limit: int = 20_000) -> list[Any]:
+    """Every object reachable from `root` through attributes, slots and containers (not
+    into modules, classes or functions): what the built gateway holds."""
+    import types
+
+    seen: set[int] = set()
+    found: list[Any] = []
+    stack = [root]
+    opaque = (str, bytes, int, float, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    while stack and len(found) < limit:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        if isinstance(obj, opaque):
+            continue
+        if isinstance(obj, dict):
+            stack += list(obj.values())
+            continue
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            stack += list(obj)
+            continue
+        stack += list(getattr(obj, "__dict__", {}).values())
+        for klass in type(obj).__mro__:
+            stack += [getattr(obj, s) for s in getattr(klass, "__slots__", ()) if isinstance(s, str) and hasattr(obj, s)]
+    return found
+
+
+async def test_no_object_of_the_built_gateway_shows_a_secret_in_its_repr(tmp_path, monkeypatch, secret_files):
+    """repr() of everything `build_app` compiles from settings holding every kind of secret
+    (backends' headers and client credentials, identity header, Redis passwords in a URL and
+    as fields, Sentinel's, security.secret, auth.hs256_secret): pools, clients, sealers,
+    verifiers, stores, the settings inside them."""
+    from gateway.app import build_app
+
+    monkeypatch.setenv("TEST_REDIS_PASSWORD", REDIS_PASSWORD)
+    data = config("http://127.0.0.1:1/mcp", "http://127.0.0.1:1/token", secret_files)
+    data["backends"][0].update(identity_header="x-mcp-user")
+    data["backends"].append({"name": "legacy", "url": "http://127.0.0.1:1/mcp", "era": "legacy",
+                             "headers": {"authorization": f"Bearer {HEADER_SECRET}"}})
+    data |= {"redis": {"url": "redis+sentinel://127.0.0.1:1/gw/0", "password": {"env": "TEST_REDIS_PASSWORD"},
+                       "sentinel_password": SENTINEL_PASSWORD},
+             "cache": {"store": "redis", "redis_url": f"redis://:{URL_PASSWORDS[0]}@127.0.0.1:2/0"},
+             "subscriptions": {"redis_url": f"redis://gw:{URL_PASSWORDS[1]}@127.0.0.1:3/0"},
+             "rate_limits": [{"rate": "10/s"}]}
+    app = build_app(load_settings(None, **data))
+    try:
+        held = _reachable(app)
+        kinds = {type(o).__name__ for o in held}
+        assert {"RedisStore", "RedisBus", "Sealer", "JwtVerifier", "BackendCredentials", "ReplicaContext"} <= kinds
+        for obj in held:
+            if not isinstance(obj, (str, bytes, dict, list, tuple, set, frozenset)):
+                shown = repr(obj)
+                assert_nothing_secret(shown)
+    finally:
+        await app.runtime.aclose()
