@@ -520,6 +520,12 @@ class BackendSettings(_Frozen):
             raise ValueError(f"{v!r} is not an http(s) URL")
         return v
 
+    @field_validator("pin", mode="before")
+    @classmethod
+    def _pin_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `pin: off` as false: that is the "off" the operator wrote.
+        return "off" if v is False else v
+
     @field_validator("urls")
     @classmethod
     def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
