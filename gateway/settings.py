@@ -52,7 +52,7 @@ class _Frozen(BaseModel):
 
 
 class ServerTls(_Frozen):
-    """TLS on the MCP listener (docs/deploy.md "TLS"). The certificate is read again on
+    """TLS on the MCP listener (docs/auth.md "TLS"). The certificate is read again on
     SIGHUP (`gateway/front_tls.py`): a renewed certificate needs no restart."""
 
     cert_file: str
@@ -448,7 +448,7 @@ class BackendSettings(_Frozen):
     # hop-by-hop and the gateway's own headers are refused here (NEVER_FORWARDED).
     forward_headers: tuple[ForwardedHeader, ...] = ()
     # A header naming the principal to the backend, signed with an HMAC of security.secret
-    # (format: docs/auth.md "Identity header"). None: not sent.
+    # (format: docs/auth.md "Chosen client headers and the identity header"). None: not sent.
     identity_header: str | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
