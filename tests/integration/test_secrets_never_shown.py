@@ -481,3 +481,30 @@ async def test_no_object_of_the_built_gateway_shows_a_secret_in_its_repr(tmp_pat
                 assert_nothing_secret(shown)
     finally:
         await app.runtime.aclose()
+
+
+def test_secrets_given_by_environment_variables_never_show_in_check_config(tmp_path):
+    """Per-key variables carrying secrets (a backend's client secret and headers, the HMAC key,
+    a Redis URL with its password), valid and broken: named, never echoed."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"backends": [{
+        "name": "a", "url": "http://127.0.0.1:1/mcp",
+        "auth": {"type": "oauth_client_credentials", "token_url": "http://127.0.0.1:1/t", "client_id": "c",
+                 "client_secret": "placeholder"}}]}))
+    base = {"PATH": "/usr/bin:/bin", "MCP_GATEWAY_BACKENDS__0__AUTH__CLIENT_SECRET": CLIENT_SECRET,
+            "MCP_GATEWAY_SECURITY__SECRET": SECURITY_SECRET}
+    runs = [
+        ({}, 0, ""),
+        ({"MCP_GATEWAY_BACKENDS__0__HEADERS": f'{{"x-api-key": "{HEADER_SECRET}"'}, 1, "MCP_GATEWAY_BACKENDS__0__HEADERS"),
+        ({"MCP_GATEWAY_BACKENDS__0__HEADERS": f'["{HEADER_SECRET}"]'}, 1, "backends.0.headers"),
+        ({"MCP_GATEWAY_REDIS__URL": f"redis://:{URL_PASSWORDS[2]}@127.0.0.1:1/0?x=1"}, 1, "redis"),
+        ({"MCP_GATEWAY_AUTH__MODE": "jwt", "MCP_GATEWAY_AUTH__ISSUER": "https://i", "MCP_GATEWAY_AUTH__AUDIENCE":
+          "https://a/mcp", "MCP_GATEWAY_AUTH__AUTHORIZATION_SERVERS": '["https://i"]',
+          "MCP_GATEWAY_AUTH__HS256_SECRET": "short-" + HS256_SECRET[:8]}, 1, "auth"),
+    ]
+    for extra, code, named in runs:
+        run = subprocess.run([sys.executable, "-m", "gateway", "check-config", str(path)], capture_output=True,
+                             text=True, timeout=60, env={**base, **extra}, check=False)
+        out = run.stdout + run.stderr
+        assert run.returncode == code and named in out, out
+        assert_nothing_secret(out, "short-" + HS256_SECRET[:8])
