@@ -171,6 +171,13 @@ class ServerSettings(_Frozen):
             return False
 
 
+def _shown_url(url: str) -> str:
+    """A URL for an error message: any password in it masked."""
+    from gateway.redis_client.plan import redacted
+
+    return redacted(url)
+
+
 def _header_name(name: str) -> str:
     name = name.strip().lower()
     if not name or any(c in name for c in " :\r\n\t"):
@@ -220,7 +227,7 @@ class _TokenEndpoint(_Frozen):
     def _token_url(cls, v: str) -> str:
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{v!r} is not an http(s) URL")
+            raise ValueError(f"{_shown_url(v)!r} is not an http(s) URL")
         return v
 
 
@@ -517,7 +524,12 @@ class BackendSettings(_Frozen):
             return v
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{v!r} is not an http(s) URL")
+            raise ValueError(f"{_shown_url(v)!r} is not an http(s) URL")
+        if parts.username is not None or parts.password is not None:
+            # Never sent (the upstream client reads host and port only), and the URL's origin
+            # names the endpoint in logs and in /metrics labels.
+            raise ValueError(f"{_shown_url(v)!r} carries credentials, which are never sent from a URL: set them "
+                             "in headers or auth")
         return v
 
     @field_validator("pin", mode="before")

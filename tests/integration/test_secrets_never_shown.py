@@ -508,3 +508,26 @@ def test_secrets_given_by_environment_variables_never_show_in_check_config(tmp_p
         out = run.stdout + run.stderr
         assert run.returncode == code and named in out, out
         assert_nothing_secret(out, "short-" + HS256_SECRET[:8])
+
+
+def test_credentials_written_into_a_backend_or_token_url_are_refused_and_never_echoed(tmp_path):
+    """A password in a backend's URL would never be sent (the upstream client reads host and
+    port) and its origin names the endpoint in logs and /metrics labels: check-config refuses
+    it, and no URL error (a bad scheme, say) echoes a password."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"backends": [
+        {"name": "a", "url": f"http://bob:{HEADER_SECRET}@127.0.0.1:1/mcp"},
+        {"name": "b", "url": f"ftp://bob:{CLIENT_SECRET}@127.0.0.1:1/mcp"},
+        {"name": "c", "url": "http://127.0.0.1:1/mcp",
+         "auth": {"type": "oauth_client_credentials", "token_url": f"ftp://c:{SECURITY_SECRET}@h/t",
+                  "client_id": "c", "client_secret": "s"}},
+        {"name": "d", "era": "modern", "urls": ["http://127.0.0.1:1/mcp", f"http://x:{TLS_PASSWORD}@127.0.0.1:2/mcp"]},
+    ]}))
+    run = subprocess.run([sys.executable, "-m", "gateway", "check-config", str(path)], capture_output=True,
+                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    for field in ("backends.0.url", "backends.1.url", "backends.2.auth.token_url", "backends.3.urls"):
+        assert field in out, out
+    assert out.count("carries credentials") == 2 and "bob:***@" in out
+    assert_nothing_secret(out)
