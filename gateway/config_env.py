@@ -6,7 +6,9 @@ replace the whole `backends` list of the file with a mapping that does not valid
 
 - every `MCP_GATEWAY_*` variable must name a setting, or loading fails naming the variable;
 - `MCP_GATEWAY_BACKENDS__<index>__<key>` sets one key of one backend of the file (the index
-  must exist there); the rest of the environment goes to pydantic-settings as before.
+  must exist there); the rest of the environment goes to pydantic-settings as before;
+- an entry of any other list (`MCP_GATEWAY_RATE_LIMITS__0__RATE`) is refused naming the
+  variable that sets the list whole, as JSON (`MCP_GATEWAY_RATE_LIMITS`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,31 @@ def _unknown_part(model: type[BaseModel], parts: list[str]) -> str | None:
     return None
 
 
+def _indexed_lists(model: type[BaseModel], parts: list[str]) -> list[str]:
+    """The dotted paths of the lists that `parts` index into (`rate_limits` for
+    `rate_limits__0__rate`), outermost first."""
+    found: list[str] = []
+    annotation: Any = model
+    for i, part in enumerate(parts):
+        choices = _model_choices(annotation)
+        if choices:
+            deeper = [_indexed_lists(choice, parts[i:]) for choice in choices]
+            return found + [".".join(parts[:i] + [p]) for p in next((d for d in deeper if d), [])]
+        target = _unwrap(annotation)
+        if isinstance(target, type) and issubclass(target, BaseModel):
+            field = target.model_fields.get(part)
+            if field is None:
+                return found
+            annotation = field.annotation
+            continue
+        origin = typing.get_origin(target)
+        if origin not in (tuple, list) or not part.isdigit():
+            return found
+        found.append(".".join(parts[:i]))
+        annotation = typing.get_args(target)[0]
+    return found
+
+
 def _unknown_part_in(annotation: Any, parts: list[str]) -> str | None:
     target = _unwrap(annotation)
     if isinstance(target, type) and issubclass(target, BaseModel):
@@ -124,6 +151,14 @@ def check(environ: Mapping[str, str], settings_model: type[BaseModel]) -> list[t
         if unknown is not None:
             where = " under " + ".".join(parts[:parts.index(unknown)]) if parts.index(unknown) else ""
             problems.append((name, f"is not a setting: no {unknown!r}{where} (a misspelt section or key?)"))
+            continue
+        # Only a backend of the file takes one key by index (apply_backend_overrides); any
+        # other list entry would replace the whole list with a mapping that does not validate.
+        lists = _indexed_lists(settings_model, parts)
+        whole = next((path for path in lists if path != "backends"), None)
+        if whole is not None:
+            variable = PREFIX + whole.upper().replace(".", "__")
+            problems.append((name, f"is not a setting: {whole} is a list; set it whole, as JSON in {variable}"))
     return problems
 
 

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
     SecretStr,
     ValidationError,
     field_validator,
@@ -51,7 +52,7 @@ class _Frozen(BaseModel):
 
 
 class ServerTls(_Frozen):
-    """TLS on the MCP listener (docs/deploy.md "TLS"). The certificate is read again on
+    """TLS on the MCP listener (docs/auth.md "TLS"). The certificate is read again on
     SIGHUP (`gateway/front_tls.py`): a renewed certificate needs no restart."""
 
     cert_file: str
@@ -170,6 +171,13 @@ class ServerSettings(_Frozen):
             return False
 
 
+def _shown_url(url: str) -> str:
+    """A URL for an error message: any password in it masked."""
+    from gateway.redis_client.plan import redacted
+
+    return redacted(url)
+
+
 def _header_name(name: str) -> str:
     name = name.strip().lower()
     if not name or any(c in name for c in " :\r\n\t"):
@@ -219,7 +227,7 @@ class _TokenEndpoint(_Frozen):
     def _token_url(cls, v: str) -> str:
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{v!r} is not an http(s) URL")
+            raise ValueError(f"{_shown_url(v)!r} is not an http(s) URL")
         return v
 
 
@@ -447,7 +455,7 @@ class BackendSettings(_Frozen):
     # hop-by-hop and the gateway's own headers are refused here (NEVER_FORWARDED).
     forward_headers: tuple[ForwardedHeader, ...] = ()
     # A header naming the principal to the backend, signed with an HMAC of security.secret
-    # (format: docs/auth.md "Identity header"). None: not sent.
+    # (format: docs/auth.md "Chosen client headers and the identity header"). None: not sent.
     identity_header: str | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
@@ -516,8 +524,19 @@ class BackendSettings(_Frozen):
             return v
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{v!r} is not an http(s) URL")
+            raise ValueError(f"{_shown_url(v)!r} is not an http(s) URL")
+        if parts.username is not None or parts.password is not None:
+            # Never sent (the upstream client reads host and port only), and the URL's origin
+            # names the endpoint in logs and in /metrics labels.
+            raise ValueError(f"{_shown_url(v)!r} carries credentials, which are never sent from a URL: set them "
+                             "in headers or auth")
         return v
+
+    @field_validator("pin", mode="before")
+    @classmethod
+    def _pin_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `pin: off` as false: that is the "off" the operator wrote.
+        return "off" if v is False else v
 
     @field_validator("urls")
     @classmethod
@@ -614,7 +633,27 @@ class CacheRule(_Frozen):
 # -- Redis ---------------------------------------------------------------------------------
 
 
-class RedisSettings(_Frozen):
+def _shown_redis_url(url: str | None) -> str | None:
+    from gateway.redis_client.plan import redacted
+
+    return None if url is None else redacted(url)
+
+
+# A Redis URL may carry a password: JSON dumps of the settings show it without one (and
+# `_RedisUrlsHidden` does the same for repr/str); the client gets the URL as written.
+RedisUrl = Annotated[str, PlainSerializer(_shown_redis_url, when_used="json")]
+
+
+class _RedisUrlsHidden(_Frozen):
+    """A section with Redis URL fields (`url`, the `redis_url` short forms): its repr and str
+    show them without their password."""
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, (_shown_redis_url(value) if name in ("url", "redis_url") and isinstance(value, str) else value)
+
+
+class RedisSettings(_RedisUrlsHidden):
     """One Redis deployment, in any shape (docs/scale.md): a URL, or explicit `sentinels` +
     `service_name`, or `cluster: true` + seed `nodes`. The rules live in
     gateway/redis_client/plan.py, so check-config and serve apply the same ones."""
@@ -625,7 +664,7 @@ class RedisSettings(_Frozen):
     # redis:// rediss:// unix:// | redis+sentinel://h1:26379,h2:26379/service/db |
     # redis+cluster://h1:6379,h2:6379. Unset: redis://127.0.0.1:6379/0 unless the explicit
     # forms below are used.
-    url: str | None = None
+    url: RedisUrl | None = None
     sentinels: tuple[str, ...] = ()  # host:port of each Sentinel
     service_name: str | None = None  # the master's name in Sentinel
     cluster: bool = False
@@ -643,12 +682,6 @@ class RedisSettings(_Frozen):
     cert_file: str | None = None
     key_file: str | None = None
 
-    def __repr_args__(self) -> Any:
-        from gateway.redis_client.plan import redacted
-
-        for name, value in super().__repr_args__():
-            yield name, (redacted(value) if name == "url" and isinstance(value, str) else value)
-
     @model_validator(mode="after")
     def _plan(self) -> RedisSettings:
         from gateway.redis_client.plan import plan_of
@@ -657,14 +690,14 @@ class RedisSettings(_Frozen):
         return self
 
 
-class CacheSettings(_Frozen):
+class CacheSettings(_RedisUrlsHidden):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
 
     store: Literal["memory", "redis", "none"] = "memory"
     # The cache's own Redis; unset: the top-level `redis:` block. `redis_url` is the short
     # form of `redis: {url: ...}`, kept for existing configs.
     redis: RedisSettings | None = None
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     # Prefix of every Redis key and the invalidation channel; replicas sharing a cache share it.
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # The in-memory store (store: memory): LRU bounded by entry count and by encoded bytes.
@@ -788,7 +821,7 @@ class ObservabilitySettings(_Frozen):
     otlp_metrics: bool = False
 
 
-class SubscriptionSettings(_Frozen):
+class SubscriptionSettings(_RedisUrlsHidden):
     """The subscriptions/listen hub (docs/subscriptions.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # redis_url
@@ -810,7 +843,7 @@ class SubscriptionSettings(_Frozen):
     # Unset: the top-level `redis:` block when it is set or cache.store is redis (the cache's
     # own Redis then); otherwise each replica works alone. `redis_url`: short form.
     redis: RedisSettings | None = None
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = "mcpgw"
     # A holder that stops renewing loses its streams to another replica after this long.
     lease_seconds: Annotated[float, Field(gt=0)] = 5.0

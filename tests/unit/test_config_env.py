@@ -89,3 +89,28 @@ def test_an_absent_backends_section_is_the_demo(monkeypatch):
 def test_readiness_requirement_from_the_environment(monkeypatch, value, expected):
     monkeypatch.setenv("MCP_GATEWAY_SERVER__READINESS", value)
     assert load_settings(None).server.readiness == expected
+
+
+@pytest.mark.parametrize(("variable", "list_path", "whole"), [
+    ("MCP_GATEWAY_RATE_LIMITS__0__RATE", "rate_limits", "MCP_GATEWAY_RATE_LIMITS"),
+    ("MCP_GATEWAY_AUTHORIZATION__RULES__0__EFFECT", "authorization.rules", "MCP_GATEWAY_AUTHORIZATION__RULES"),
+    ("MCP_GATEWAY_SERVER__ALLOWED_HOSTS__0", "server.allowed_hosts", "MCP_GATEWAY_SERVER__ALLOWED_HOSTS"),
+    ("MCP_GATEWAY_BACKENDS__0__ROOTS__0__URI", "backends.0.roots", "MCP_GATEWAY_BACKENDS__0__ROOTS"),
+])
+def test_an_entry_of_a_list_other_than_backends_is_refused_naming_the_whole_form(
+        tmp_path, monkeypatch, variable, list_path, whole):
+    # Only a backend of the file takes one key by index; any other indexed list entry used to
+    # replace the whole list and fail as "Input should be a valid tuple", naming no variable.
+    path = tmp_path / "gateway.yaml"
+    path.write_text("backends:\n  - {name: a, url: 'http://127.0.0.1:9/mcp'}\nrate_limits:\n  - {rate: 10/s}\n")
+    problems = env_problems(monkeypatch, {variable: "x"}, path)
+    assert f"{list_path} is a list" in problems[variable] and whole in problems[variable]
+
+
+def test_a_list_set_whole_from_the_environment_still_works(tmp_path, monkeypatch):
+    path = tmp_path / "gateway.yaml"
+    path.write_text("backends:\n  - {name: a, url: 'http://127.0.0.1:9/mcp'}\n")
+    monkeypatch.setenv("MCP_GATEWAY_RATE_LIMITS", '[{"rate": "5/s"}]')
+    monkeypatch.setenv("MCP_GATEWAY_BACKENDS__0__ROOTS", '[{"uri": "file:///srv"}]')
+    settings = load_settings(path)
+    assert settings.rate_limits[0].rate == "5/s" and settings.backends[0].roots[0].uri == "file:///srv"

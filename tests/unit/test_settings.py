@@ -222,3 +222,14 @@ def test_the_http_sse_paths_must_not_shadow_the_endpoint():
             load_settings(None, server={"path": "/mcp/messages", "legacy_sse_path": clash})
         assert "legacy_sse_path" in str(info.value)
 
+
+
+def test_pin_off_written_bare_in_yaml_is_off(tmp_path):
+    # YAML 1.1 reads `pin: off` as false; the README writes it so.
+    path = tmp_path / "gateway.yaml"
+    path.write_text("backends:\n  - {name: a, url: 'http://127.0.0.1:9/mcp', pin: off}\n"
+                    "  - {name: b, url: 'http://127.0.0.1:9/mcp', pin: block}\n")
+    settings = load_settings(path)
+    assert [b.pin for b in settings.backends] == ["off", "block"]
+    with pytest.raises(ConfigError, match=r"backends\.0\.pin"):
+        load_settings(None, backends=[{"name": "a", "url": "http://127.0.0.1:9/mcp", "pin": True}])
