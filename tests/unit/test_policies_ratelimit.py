@@ -54,6 +54,18 @@ def test_burst_at_once_then_the_sustained_rate():
     assert [buckets.take("k", 0.1, 3) for _ in range(4)].count(0) == 3
 
 
+def test_a_fresh_bucket_always_lets_its_first_request_through():
+    # Clock values where `now + interval - interval - now` rounds above zero: the first call
+    # of a 1/h bucket was refused with "retry in 1 ms" about once in 150 start times.
+    rounding = [now for now in (1234.5678 + i * 0.37 for i in range(2000))
+                if (now + 3600.0) - 3600.0 - now > 0]
+    assert rounding, "no start time here shows the rounding; pick others"
+    for now in rounding:
+        buckets = LocalBuckets(clock=ManualClock(now))
+        assert buckets.take("b", 3600.0, 1) == 0.0
+        assert buckets.take("b", 3600.0, 1) > 3599
+
+
 def test_local_buckets_are_bounded():
     clock = ManualClock(0)
     buckets = LocalBuckets(max_buckets=10, clock=clock)
