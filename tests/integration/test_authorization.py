@@ -4,7 +4,7 @@ must see statuses and headers, and the SDK's `mcp.Client` in modern and legacy m
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint, ServedApp, rsa_key
+from tests.support.governance import bearer, jwt_auth
 from tests.support.scripted import Scripted
 
 PRM_URL = "https://mcp.test/.well-known/oauth-protected-resource/mcp"
@@ -34,39 +34,11 @@ RULES = {
 }
 
 
-@pytest.fixture(scope="module")
-def ledger() -> Iterator[Scripted]:
-    with Scripted("ledger") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def reports() -> Iterator[Scripted]:
-    with Scripted("reports") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def issuer() -> Issuer:
-    return Issuer(keys=[rsa_key("k1")])
-
-
-@pytest.fixture
-async def jwks_url(issuer) -> AsyncIterator[str]:
-    served = ServedApp(JwksEndpoint(issuer))
-    await served.start()
-    try:
-        yield f"{served.base}/jwks"
-    finally:
-        await served.stop()
-
-
 def settings(ledger: Scripted, reports: Scripted, jwks_url: str, **extra: Any) -> dict[str, Any]:
     return {
         "backends": [{"name": "ledger", "url": ledger.url, "era": "modern"},
                      {"name": "reports", "url": reports.url, "era": "modern"}],
-        "auth": {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "jwks_url": jwks_url,
-                 "authorization_servers": [ISSUER], "claims": ["groups"]},
+        "auth": jwt_auth(jwks_url),
         "authorization": RULES,
         **extra,
     }
@@ -76,10 +48,6 @@ def settings(ledger: Scripted, reports: Scripted, jwks_url: str, **extra: Any) -
 async def gw(ledger, reports, jwks_url) -> AsyncIterator[Any]:
     async with running_gateway(settings(ledger, reports, jwks_url)) as gw:
         yield gw
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
 
 
 async def call(http: httpx.AsyncClient, url: str, token: str, tool: str, **arguments: Any) -> httpx.Response:

@@ -6,7 +6,7 @@ the SDK client in legacy mode."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -15,7 +15,6 @@ from mcp import Client, MCPError
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.scripted import Scripted
 
 CURATED = {
     "tools": {"include": ["echo", "slow", "fail", "gat*"], "exclude": ["gated"], "rename": {"echo": "say"},
@@ -23,18 +22,6 @@ CURATED = {
     "prompts": {"exclude": ["*"]},
     "resources": {"exclude": ["scripted://ledger/doc-2"]},
 }
-
-
-@pytest.fixture(scope="module")
-def ledger() -> Iterator[Scripted]:
-    with Scripted("ledger") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def reports() -> Iterator[Scripted]:
-    with Scripted("reports") as server:
-        yield server
 
 
 @pytest.fixture

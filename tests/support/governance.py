@@ -1,0 +1,62 @@
+"""What the governance end-to-end tests share (authorization, rate limits, curation, views):
+a JWKS endpoint on loopback serving an issuer's RS256 keys, run in a thread of its own so that
+one server outlives every test of a module (each test has its own event loop), the gateway's
+`auth` block that trusts it, and the two scripted backends' names. The module-scoped fixtures
+built from these are in tests/integration/conftest.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+import uvicorn
+
+from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint
+
+# The two scripted backends (tests/support/scripted.py) every governance test puts behind the gateway.
+BACKENDS = ("ledger", "reports")
+
+
+class JwksServer:
+    """`JwksEndpoint(issuer)` on 127.0.0.1, in a thread with its own loop; `url` is the key set's."""
+
+    def __init__(self, issuer: Issuer) -> None:
+        self.endpoint = JwksEndpoint(issuer)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/jwks"
+        self._server = uvicorn.Server(uvicorn.Config(self.endpoint, lifespan="off", log_level="warning"))
+        self._thread = threading.Thread(target=self._run, name="jwks-server", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._sock]))
+
+    def __enter__(self) -> JwksServer:
+        self._thread.start()
+        for _ in range(1000):
+            if self._server.started:
+                return self
+            if not self._thread.is_alive():
+                raise RuntimeError("the JWKS server did not start")
+            threading.Event().wait(0.01)
+        raise RuntimeError("the JWKS server did not start within 10 s")
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._sock.close()
+
+
+def jwt_auth(jwks_url: str, *, claims: tuple[str, ...] = ("groups",)) -> dict[str, Any]:
+    """The gateway's `auth` section trusting the test issuer's tokens, keeping `claims`."""
+    auth: dict[str, Any] = {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "jwks_url": jwks_url,
+                            "authorization_servers": [ISSUER]}
+    if claims:
+        auth["claims"] = list(claims)
+    return auth
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
