@@ -177,8 +177,20 @@ async def test_a_legacy_client_on_a_view(gw, issuer):
                 assert "Unknown tool" in str(unknown.value)
 
 
-async def test_a_views_legacy_session_means_nothing_on_another_path(gw, issuer):
-    finance = tokens(issuer)["finance"]
+@pytest.mark.parametrize("sessions", ["memory", "fleet"])
+async def test_a_views_legacy_session_means_nothing_on_another_path(ledger, reports, jwks_url, issuer, sessions,
+                                                                     request):
+    """In memory each path keeps its own sessions; shared by the fleet (security.secret +
+    Redis) a view's session ids are sealed with a key of their own and kept under keys of
+    their own, so a sealed id any replica would accept is still a stranger on another path."""
+    extra: dict[str, Any] = {}
+    if sessions == "fleet":
+        extra = {"security": {"secret": "s" * 32}, "redis": {"url": request.getfixturevalue("redis_server").url}}
+    async with running_gateway(settings(ledger, reports, jwks_url, **extra)) as gw:
+        await _session_stays_on_its_path(gw, tokens(issuer)["finance"])
+
+
+async def _session_stays_on_its_path(gw: Any, finance: str) -> None:
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream", **bearer(finance)}
