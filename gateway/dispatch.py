@@ -52,7 +52,9 @@ class Hub(Protocol):
     """The subscription hub seam: turns a client's listen call into its notification stream,
     with the lifecycle `Runtime` drives (subscriptions/hub.py `SubscriptionHub`)."""
 
-    async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply: ...
+    async def listen(self, call: Call, targets: tuple[Target, ...], confined_to: frozenset[str] | None = None
+                     ) -> Reply:
+        """`confined_to`: a view's backends; a reload never extends the listen beyond them."""
 
     async def start(self) -> None:
         """Called once the backends and the cache are started (before any listen)."""
@@ -234,7 +236,11 @@ class Dispatcher:
             visible = [u for u in uris if not isinstance(u, str) or may_read(u)]
             if len(visible) != len(uris):
                 call = call.with_params({**call.params, "notifications": {**wire, "resourceSubscriptions": visible}})
-        reply = await self.hub.listen(call, self.targets)
+        view = self.view
+        if view is not None and view.backends is not None:
+            reply = await self.hub.listen(call, self.targets, view.backends)
+        else:
+            reply = await self.hub.listen(call, self.targets)
         if reply.stream is not None:
             reply.stream = _VisibleNotifications(reply.stream, may_read)
         return reply

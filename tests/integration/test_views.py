@@ -327,3 +327,38 @@ async def test_listen_through_a_view_hears_only_its_backends():
     got = view.notifications
     assert [n["method"] for n in got] == [TOOLS, UPDATED]
     assert got[1]["params"]["uri"] == "in://a"
+
+
+async def test_a_reload_never_extends_a_views_listen_beyond_its_backends():
+    """A backend a reload adds: the main path's listen is attached to it and told its lists
+    changed; a view's listen (not among its backends) hears neither that nor the new backend."""
+    from gateway.reload.reloader import Reloader
+    from gateway.settings import load_settings
+
+    async with leaky("inside") as (inside, inside_url), leaky("added") as (added, added_url):
+        def config(*extra: dict[str, Any]) -> Any:
+            return load_settings(None, backends=[
+                {"name": "inside", "url": inside_url, "era": "modern", "prefix": "in__"}, *extra],
+                views=[{"path": "/mcp/inside", "backends": ["inside"]}], subscriptions={"linger_seconds": 0.2})
+
+        first = config()
+        source = {"next": first}
+        async with running_gateway(first) as gw, httpx.AsyncClient(timeout=30) as http:
+            reloader = Reloader(gw.runtime, lambda: source["next"])
+            view = await ListenReader(http, gw.base + "/mcp/inside", {"toolsListChanged": True}, id="view").open()
+            main = await ListenReader(http, gw.url, {"toolsListChanged": True}, id="main").open()
+            source["next"] = config({"name": "added", "url": added_url, "era": "modern", "prefix": "add__"})
+            assert await reloader.reload("test") == "applied"
+            await main.wait_count(2)  # told: the reload added a backend with tools
+            await eventually(lambda: added.open_listens >= 1)
+            added.broadcast(TOOLS)
+            await main.wait_count(3)
+            inside.broadcast(TOOLS)  # after the others: the view's first and only notification
+            await main.wait_count(4)
+            await view.wait_count(2)
+            await view.close()
+            await main.close()
+            listed = await mcp_http.post(http, gw.base + "/mcp/inside", "tools/list")
+    assert [n["method"] for n in view.notifications] == [TOOLS]
+    assert [n["method"] for n in main.notifications] == [TOOLS, TOOLS, TOOLS]
+    assert all(not t["name"].startswith("add__") for t in listed.json()["result"]["tools"])
