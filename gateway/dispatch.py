@@ -14,6 +14,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
+import orjson
+
 from gateway import __version__
 from gateway.backends.base import Backend, Message, Reply, aclose
 from gateway.backends.concurrency import Slot
@@ -112,8 +114,10 @@ class Dispatcher:
         self.view_rules = view.rules if view is not None else None
         self.rate_limits = rate_limits
         self._governed = rules is not None or rate_limits is not None or self.view_rules is not None
-        # Lists are cut per caller (`_visible_items`), listens filtered (`_visible_listen`).
+        # Lists are cut per caller (`_visible_result`), listens filtered (`_visible_listen`).
         self._cuts = rules is not None or view is not None
+        self._cut_tag = (view.path if view is not None else "", rules.fingerprint if rules is not None else "",
+                         self.view_rules.fingerprint if self.view_rules is not None else "")
         self.cache: ResponseCache = cache or NoCache()
         self.hub = hub
         self.instructions = instructions
@@ -342,12 +346,11 @@ class Dispatcher:
             raise rpc.method_not_found(call.method, call.id)
         if self.table.pins is not None and call.method == "tools/list":
             await self.table.pins.reload_if_stale()  # an accept made elsewhere shows within seconds
-        endpoint = self.view.path if self.view is not None else ""
+        # A cut answer is kept as cut, under a key that says whose cut it is (`_cut_key`).
+        endpoint = self._cut_key(call.principal) if self._cuts else ""
         again = self.cache.assembled_again(call, targets, self.table.revision, endpoint)
         if again is not None:
             message, body = again
-            if self._cuts:
-                return Reply("gateway", message=self._visible_items(call, message), headers=_CACHE_HIT)
             return Reply("gateway", message=message, raw=body, headers=_CACHE_HIT)
         outcomes: list[Outcome] = []
         sources: list[Source] = []
@@ -363,27 +366,37 @@ class Dispatcher:
 
         result = await aggregate_list(call, self.table, targets, fetch)
         result.setdefault("_meta", {})[meta.SERVER_INFO] = SERVER_INFO
+        if self._cuts:
+            result = self._visible_result(call, result)
         if outcomes and len(sources) == len(outcomes) and result["ttlMs"] > 0:
             # Assembled from fresh entries only, none left out (a partial answer has ttlMs 0):
             # the same request is answered from this until one of them changes.
             self.cache.keep_assembled(call, targets, self.table.revision, sources, result, endpoint)
         message = rpc.result_message(call.id, result)  # type: ignore[arg-type]
-        if self._cuts:
-            message = self._visible_items(call, message)
         return Reply("gateway", message=message, headers=_cache_header(outcomes))
 
-    def _visible_items(self, call: Call, message: Message) -> Message:
-        """The list as this caller may use it: an item is listed when the call that uses it is
-        allowed (policies/authorization.py). The cache keeps the fleet's unfiltered answer,
-        shared by every caller, and each answer is cut here with the rules of the moment: a
-        cached answer cannot outlive a change of the rules, and no caller can be handed
-        another's cut (bench/README.md "Governance" measured this against caching each cut).
-        The cut is per caller, so it is `private` (spec: caching §cacheScope)."""
+    def _cut_key(self, principal: Any) -> tuple[Any, ...]:
+        """Everything a cut list depends on beyond the request and the fleet's entries (which
+        the kept answer's own key and sources hold: cache/assembled.py): this endpoint, the
+        rules' fingerprints, and what of the caller the rules read (its scopes and claims; a
+        principal is already in the key when authenticated, and a new token of the same
+        subject may carry other claims). Measured against cutting the shared answer on every
+        request: bench/README.md "Governance"."""
+        claims = principal.claims
+        return (self._cut_tag, principal.scopes,
+                orjson.dumps(dict(claims), option=orjson.OPT_SORT_KEYS) if claims else b"")
+
+    def _visible_result(self, call: Call, result: dict[str, Any]) -> dict[str, Any]:
+        """The list as this caller may use it on this endpoint: an item is listed when the call
+        that uses it is allowed (policies/authorization.py) and, on a view, is in the view.
+        The backends' answers stay cached unfiltered and shared by every caller and path; this
+        cut is kept (in process) under `_cut_key`, so it is never handed to a caller or a path
+        whose cut may differ, and a change of rules (a restart) makes new keys. The cut is per
+        caller, so it is `private` (spec: caching §cacheScope)."""
         assert call.spec is not None
-        result = message.get("result")
         key = call.spec.list_key
-        if not isinstance(result, dict) or key not in _ITEM_NAME or not isinstance(result.get(key), list):
-            return message
+        if key not in _ITEM_NAME or not isinstance(result.get(key), list):
+            return result
         field_name, kind = _ITEM_NAME[key]
         use = USE_OF_LIST[call.method]
         principal = call.principal
@@ -393,12 +406,13 @@ class Dispatcher:
             if not isinstance(name, str):
                 continue
             if kind is not None:
-                allowed = self._may_use(principal, use, name, None, self._backend_of(name, None, kind, whole_fleet=True))
+                backend = self._backend_of(name, None, kind, whole_fleet=True)
+                allowed = self._may_use(principal, use, name, None, backend)
             else:
                 allowed = self._may_use(principal, use, None, name, self._backend_of(None, name, whole_fleet=True))
             if allowed:
                 kept.append(item)
-        return {**message, "result": {**result, key: kept, "cacheScope": "private"}}
+        return {**result, key: kept, "cacheScope": "private"}
 
     async def _list_page(self, target: Target, call: Call) -> Message:
         """One backend's page, within its `list_timeout_seconds`: a late backend is left out of

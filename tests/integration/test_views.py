@@ -362,3 +362,23 @@ async def test_a_reload_never_extends_a_views_listen_beyond_its_backends():
     assert [n["method"] for n in view.notifications] == [TOOLS]
     assert [n["method"] for n in main.notifications] == [TOOLS, TOOLS, TOOLS]
     assert all(not t["name"].startswith("add__") for t in listed.json()["result"]["tools"])
+
+
+async def test_mrtr_through_a_view(gw, issuer):
+    """A multi-round-trip call on a view: input_required, then the retry with its inputs and
+    the backend's requestState, both answered through the view; the same retry naming a tool
+    outside the view is unknown."""
+    finance = tokens(issuer)["finance"]
+    view = gw.base + "/mcp/finance"
+    async with httpx.AsyncClient() as http:
+        first = await call(http, view, finance, "ledger__ask")
+        asked = first.json()["result"]
+        assert first.status_code == 200 and asked["resultType"] == "input_required", first.text
+        retry = {"name": "ledger__ask", "arguments": {}, "requestState": asked["requestState"],
+                 "inputResponses": {"answer": {"action": "accept", "content": {"value": "42"}}}}
+        done = await mcp_http.post(http, view, "tools/call", retry, extra_headers=bearer(finance))
+        outside = await mcp_http.post(http, gw.base + "/mcp/reports", "tools/call", retry,
+                                      extra_headers=bearer(finance))
+    assert done.status_code == 200, done.text
+    assert done.json()["result"]["content"][0]["text"] == "ledger got 42"
+    assert outside.status_code == 400 and outside.json()["error"]["code"] == -32602
