@@ -382,3 +382,25 @@ async def test_mrtr_through_a_view(gw, issuer):
     assert done.status_code == 200, done.text
     assert done.json()["result"]["content"][0]["text"] == "ledger got 42"
     assert outside.status_code == 400 and outside.json()["error"]["code"] == -32602
+
+
+async def test_a_view_is_behind_the_same_pipeline(ledger, reports, jwks_url, issuer):
+    """Origin, authentication and rate limits guard a view as they guard the main path; its
+    protected-resource metadata is served at the view's path-inserted form too."""
+    limits = [{"id": "per-caller", "rate": "2/m", "burst": 2, "key": ["principal"], "methods": ["tools/call"]}]
+    config = settings(ledger, reports, jwks_url, rate_limits=limits)
+    finance = tokens(issuer)["finance"]
+    view = "/mcp/finance"
+    async with running_gateway(config) as gw, httpx.AsyncClient() as http:
+        anonymous = await mcp_http.post(http, gw.base + view, "tools/list")
+        foreign = await mcp_http.post(http, gw.base + view, "tools/list",
+                                      extra_headers={**bearer(finance), "origin": "https://evil.example"})
+        metadata = await http.get(gw.base + "/.well-known/oauth-protected-resource" + view)
+        # One bucket for both paths: the limit counts calls, whichever door they came in by.
+        answers = [await call(http, url, finance, "ledger__echo", text="x") for url in (gw.url, gw.base + view,
+                                                                                          gw.base + view)]
+    assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"].startswith("Bearer")
+    assert foreign.status_code == 403
+    assert metadata.status_code == 200 and metadata.json()["resource"]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[2].json()["error"]["data"]["limit"] == "per-caller" and "retry-after" in answers[2].headers
