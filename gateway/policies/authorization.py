@@ -69,6 +69,7 @@ _URI_OR_LISTED = URI_METHODS | {"resources/list", "resources/templates/list"}
 # Targets whose candidate rules are remembered; past it the memo starts over (names come from
 # clients: a bound, not a leak).
 _MEMO_ENTRIES = 4096
+_UNSEEN: Any = object()
 
 
 def compile_globs(globs: Iterable[str]) -> re.Pattern[str]:
@@ -295,6 +296,7 @@ class Authorization(HeadPolicy):
         # dispatcher rather than guess.
         self.uri_backends_matter = any(r.uris is not None and r.backends is not None for r in rules.rules) \
             if uri_backends_matter is None else uri_backends_matter
+        self._targets: dict[tuple[bytes, bytes, bytes], tuple[str, str, str | None] | None] = {}
 
     def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         if scope["method"] != "POST" or scope["path"] not in self.mcp_paths:
@@ -309,6 +311,28 @@ class Authorization(HeadPolicy):
                 version = value
         if raw_method is None or raw_name is None or version is None:
             return None
+        key = (raw_method, raw_name, version)
+        found = self._targets.get(key, _UNSEEN)
+        if found is _UNSEEN:
+            found = self._target(raw_method, raw_name, version)
+            if len(self._targets) >= _MEMO_ENTRIES:
+                self._targets.clear()
+            self._targets[key] = found
+        if found is None:
+            return None
+        method, target, backend = found
+        if method == "resources/read":
+            decision = self.rules.decide(principal_of(scope), method, uri=target, backend=backend)
+        else:
+            decision = self.rules.decide(principal_of(scope), method, name=target, backend=backend)
+        if decision.allowed:
+            return None
+        return self.rules.refusal(decision, method, target)
+
+    def _target(self, raw_method: bytes, raw_name: bytes, version: bytes) -> tuple[str, str, str | None] | None:
+        """(method, name or URI, its backend) the headers say the request is about; None when
+        they do not suffice (the dispatcher decides). Caller-independent: memoized per header
+        triple in `admit` (bounded: the values come from clients)."""
         method = _DECIDED_HEADERS.get(raw_method)
         if method is None:
             return None  # completion refs are in the body; lists are filtered, not refused
@@ -322,12 +346,8 @@ class Authorization(HeadPolicy):
             backend = self.resolver.uri(target)
             if backend is None and self.uri_backends_matter:
                 return None
-            decision = self.rules.decide(principal_of(scope), method, uri=target, backend=backend)
-        else:
-            decision = self.rules.decide(principal_of(scope), method, name=target, backend=self.resolver.name(target))
-        if decision.allowed:
-            return None
-        return self.rules.refusal(decision, method, target)
+            return method, target, backend
+        return method, target, self.resolver.name(target)
 
 
 # -- check-config --------------------------------------------------------------------------
