@@ -65,7 +65,8 @@ def pipeline(settings: GatewaySettings, rules: RuleSet | None = None) -> list[Mi
         # Probes and OAuth discovery carry no token: those paths stay open, every other path
         # (the MCP endpoint, and any route added later) needs one (docs/auth.md).
         ops_here = OPERATIONAL_PATHS if server.ops_port is None else ()
-        open_paths = (*ops_here, *(p for path in (server.path, *view_paths) for p in metadata_paths(settings.auth, path)))
+        open_paths = (*ops_here, *(p for path in (server.path, *view_paths)
+                                   for p in metadata_paths(settings.auth, path)))
         steps.append(Middleware(JwtAuth, auth=settings.auth, open_paths=open_paths, mcp_path=server.path,
                                 view_paths=view_paths))
     else:

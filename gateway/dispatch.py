@@ -207,7 +207,8 @@ class Dispatcher:
         method = call.method
         name, uri = call_target(method, call.params, call.name) if method in DECIDED_METHODS else (None, None)
         # The global rules see the backend the whole fleet gives a name, as on the main path.
-        backend = self._backend_of(name, uri, "tools" if method == "tools/call" else "prompts", whole_fleet=True)
+        kind = "tools" if method == "tools/call" else "prompts"
+        backend = self._backend_of(name, uri, kind, whole_fleet=True)
         if self.rules is not None and method in DECIDED_METHODS:
             decision = self.rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
             if not decision.allowed:
@@ -286,7 +287,8 @@ class Dispatcher:
             return False
         return name is None or view.shows_name(name)
 
-    def _may_use(self, principal: Any, use: str, name: str | None, uri: str | None, backend: str | None) -> bool:
+    def _may_use(self, principal: Any, use: str, name: str | None, uri: str | None,
+                 backend: str | None) -> bool:
         """Whether this caller may use an item of this endpoint: in the view (when one), and
         allowed by the global rules and by the view's own."""
         if self.view is not None and not self._in_view(name, uri, backend):

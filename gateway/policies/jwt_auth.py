@@ -209,7 +209,8 @@ class JwtAuth(HeadPolicy):
     closes_websockets = True
 
     def __init__(self, app: asgi.ASGIApp, *, auth: AuthSettings, open_paths: Iterable[str] = (),
-                 keys: KeySource | None = None, mcp_path: str = "/mcp", view_paths: Iterable[str] = ()) -> None:
+                 keys: KeySource | None = None, mcp_path: str = "/mcp",
+                 view_paths: Iterable[str] = ()) -> None:
         if auth.mode != "jwt":
             raise ValueError("JwtAuth needs auth.mode: jwt")
         super().__init__(app)
