@@ -14,41 +14,22 @@ minus plain): the figure the issue's budget (≤ 10 µs) is about. Takes the ben
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from inprocess import measure  # noqa: E402
+from inprocess import bench_backend, measure  # noqa: E402
 from run import free_port, governance_yaml, take_lock  # noqa: E402
+from telemetry_ab import started  # noqa: E402  (an app's lifespan, started in this loop)
 
 from gateway.app import build_app  # noqa: E402
 from gateway.settings import GatewaySettings  # noqa: E402
-
-
-async def started(settings: GatewaySettings) -> tuple[Any, asyncio.Queue[dict[str, str]], asyncio.Future[Any]]:
-    app = build_app(settings)
-    lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
-    up = asyncio.Event()
-
-    async def send(message: dict[str, str]) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            up.set()
-
-    await lifespan.put({"type": "lifespan.startup"})
-    task = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, send))
-    await asyncio.wait_for(up.wait(), 30)
-    return app, lifespan, task
 
 
 async def run(backend_url: str, rounds: int, requests: int, callers: int) -> dict[str, list[float]]:
@@ -59,7 +40,10 @@ async def run(backend_url: str, rounds: int, requests: int, callers: int) -> dic
         "plain": GatewaySettings(backends=backend, cache={"store": "memory"}),
         "governed": GatewaySettings(backends=backend, cache={"store": "memory"}, **governance),
     }
-    apps = {name: await started(s) for name, s in variants.items()}
+    apps = {}
+    for name, settings in variants.items():
+        app = build_app(settings)
+        apps[name] = (app, *await started(app))
     results: dict[str, list[float]] = {name: [] for name in variants}
     try:
         order = list(variants)
@@ -81,17 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with take_lock(900):
         port = free_port()
-        pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) >= 2 else []
-        backend = subprocess.Popen([*pin, sys.executable, str(BENCH / "backend.py"), "--port", str(port),
-                                    "--mode", "modern", "--tools", "50", "--ttl-ms", "60000"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        backend = bench_backend(port)
         try:
-            for _ in range(100):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError:
-                    time.sleep(0.1)
             if (os.cpu_count() or 1) >= 2:
                 os.sched_setaffinity(0, {1})
             import uvloop

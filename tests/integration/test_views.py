@@ -8,7 +8,6 @@ Redis shared by two replicas."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,24 +18,13 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support import mcp_http
-from tests.support.asgi import serving
-from tests.support.broadcast_backend import BroadcastBackend
+from tests.support.broadcast_backend import served
 from tests.support.gateway import running_gateway
-from tests.support.governance import bearer, jwt_auth
+from tests.support.governance import RULES, all_tools, bearer, jwt_auth, sdk_tool_names
+from tests.support.governance import call_tool as call
 from tests.support.listen import ListenReader, eventually
 from tests.support.scripted import Scripted
 
-RULES = {
-    "default": "deny",
-    "rules": [
-        {"id": "no-failing", "effect": "deny", "names": ["*__fail"]},
-        {"id": "finance-ledger", "effect": "allow", "methods": ["tools/call", "tools/list"], "backends": ["ledger"],
-         "names": ["ledger__*"], "when": {"claims": {"groups": "finance"}}},
-        {"id": "reports-echo", "effect": "allow", "names": ["reports__echo"]},
-        {"id": "reports-writers", "effect": "allow", "methods": ["tools/call"], "names": ["reports__*"],
-         "when": {"scopes": ["reports.write"]}},
-    ],
-}
 VIEWS = [
     {"path": "/mcp/finance", "backends": ["ledger", "reports"], "names": ["ledger__*", "reports__echo", "reports__slow"],
      "authorization": {"rules": [{"id": "no-slow-here", "effect": "deny", "names": ["*__slow"]}]}},
@@ -78,29 +66,6 @@ def tokens(issuer: Any) -> dict[str, str]:
 async def gw(ledger, reports, jwks_url) -> AsyncIterator[Any]:
     async with running_gateway(settings(ledger, reports, jwks_url)) as gw:
         yield gw
-
-
-async def all_tools(http: httpx.AsyncClient, url: str, token: str) -> tuple[list[str], list[httpx.Response]]:
-    """Every page of tools/list (the scripted backends page by two: the gateway cursor is used)."""
-    names: list[str] = []
-    responses = []
-    cursor = None
-    for _ in range(50):
-        response = await mcp_http.post(http, url, "tools/list", {"cursor": cursor} if cursor else None,
-                                       extra_headers=bearer(token))
-        assert response.status_code == 200, response.text
-        responses.append(response)
-        result = response.json()["result"]
-        names += [t["name"] for t in result["tools"]]
-        cursor = result.get("nextCursor")
-        if cursor is None:
-            return sorted(names), responses
-    raise AssertionError("the list did not end")
-
-
-async def call(http: httpx.AsyncClient, url: str, token: str, tool: str, **arguments: Any) -> httpx.Response:
-    return await mcp_http.post(http, url, "tools/call", {"name": tool, "arguments": arguments},
-                               extra_headers=bearer(token))
 
 
 async def test_each_principal_sees_exactly_its_tools_on_each_path(gw, issuer):
@@ -158,15 +123,7 @@ async def test_a_legacy_client_on_a_view(gw, issuer):
             Client(streamable_http_client(gw.base + "/mcp/finance", http_client=http), mode="legacy",
                    cache=None) as client,
         ):
-            names: list[str] = []
-            cursor = None
-            for _ in range(50):
-                page = await client.list_tools(cursor=cursor)
-                names += [t.name for t in page.tools]
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
-            assert sorted(names) == EXPECTED[who]["/mcp/finance"], who
+            assert await sdk_tool_names(client) == EXPECTED[who]["/mcp/finance"], who
             if who == "finance":
                 result = await client.call_tool("ledger__echo", {"text": "hello"})
                 assert not result.is_error and "hello" in result.content[0].text
@@ -287,11 +244,7 @@ TOOLS = "notifications/tools/list_changed"
 UPDATED = "notifications/resources/updated"
 
 
-@contextlib.asynccontextmanager
-async def leaky(name: str) -> AsyncIterator[tuple[BroadcastBackend, str]]:
-    backend = BroadcastBackend(name)
-    async with serving(backend) as url:
-        yield backend, url
+leaky = served  # a BroadcastBackend on a loopback socket (tests/support/broadcast_backend.py)
 
 
 async def test_listen_through_a_view_hears_only_its_backends():

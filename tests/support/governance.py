@@ -11,12 +11,27 @@ import socket
 import threading
 from typing import Any
 
+import httpx
 import uvicorn
 
+from tests.support import mcp_http
 from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint
 
 # The two scripted backends (tests/support/scripted.py) every governance test puts behind the gateway.
 BACKENDS = ("ledger", "reports")
+# The rules the authorization and view tests hold the gateway to: finance may use ledger's
+# tools (not its `fail`), everyone reports__echo, holders of reports.write every reports tool.
+RULES = {
+    "default": "deny",
+    "rules": [
+        {"id": "no-failing", "effect": "deny", "names": ["*__fail"]},
+        {"id": "finance-ledger", "effect": "allow", "methods": ["tools/call", "tools/list"], "backends": ["ledger"],
+         "names": ["ledger__*"], "when": {"claims": {"groups": "finance"}}},
+        {"id": "reports-echo", "effect": "allow", "names": ["reports__echo"]},
+        {"id": "reports-writers", "effect": "allow", "methods": ["tools/call"], "names": ["reports__*"],
+         "when": {"scopes": ["reports.write"]}},
+    ],
+}
 
 
 class JwksServer:
@@ -60,3 +75,41 @@ def jwt_auth(jwks_url: str, *, claims: tuple[str, ...] = ("groups",)) -> dict[st
 
 def bearer(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
+
+
+async def all_tools(http: httpx.AsyncClient, url: str, token: str | None = None
+                    ) -> tuple[list[str], list[httpx.Response]]:
+    """Every page of tools/list over raw HTTP (the scripted backends page by two, so the gateway
+    cursor is used): the sorted names, and every response."""
+    names: list[str] = []
+    responses = []
+    cursor = None
+    for _ in range(50):
+        response = await mcp_http.post(http, url, "tools/list", {"cursor": cursor} if cursor else None,
+                                       extra_headers=bearer(token) if token is not None else None)
+        assert response.status_code == 200, response.text
+        responses.append(response)
+        result = response.json()["result"]
+        names += [t["name"] for t in result["tools"]]
+        cursor = result.get("nextCursor")
+        if cursor is None:
+            return sorted(names), responses
+    raise AssertionError("the list did not end")
+
+
+async def sdk_tool_names(client: Any) -> list[str]:
+    """Every page of `client.list_tools()` (an `mcp.Client`, modern or legacy): the sorted names."""
+    names: list[str] = []
+    cursor = None
+    for _ in range(50):
+        page = await client.list_tools(cursor=cursor)
+        names += [t.name for t in page.tools]
+        cursor = page.next_cursor
+        if cursor is None:
+            return sorted(names)
+    raise AssertionError("the list did not end")
+
+
+async def call_tool(http: httpx.AsyncClient, url: str, token: str, tool: str, **arguments: Any) -> httpx.Response:
+    return await mcp_http.post(http, url, "tools/call", {"name": tool, "arguments": arguments},
+                               extra_headers=bearer(token))

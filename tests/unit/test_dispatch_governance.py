@@ -100,6 +100,16 @@ def backend(name: str) -> FakeBackend:
     }), name=name)
 
 
+async def fleet_and_cache() -> tuple[FakeBackend, FakeBackend, Any]:
+    """Backends a and b, discovered, and a started memory cache."""
+    a, b = backend("a"), backend("b")
+    for fake in (a, b):
+        await fake.discover()
+    cache = build_cache(CacheSettings(store="memory"))
+    await cache.start()
+    return a, b, cache
+
+
 @pytest.mark.filterwarnings("ignore")
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(section=rules, default=st.sampled_from(["allow", "deny"]), callers=principals)
@@ -113,11 +123,7 @@ def test_fuzz_denied_names_are_never_listed_or_callable_and_cuts_never_cross(sec
     ruleset = RuleSet.from_settings(config)
 
     async def run() -> None:
-        a, b = backend("a"), backend("b")
-        for fake in (a, b):
-            await fake.discover()
-        cache = build_cache(CacheSettings(store="memory"))
-        await cache.start()
+        a, b, cache = await fleet_and_cache()
         dispatcher = Dispatcher(RouteTable([Target(a, "a__"), Target(b, "b__")]), cache=cache, rules=ruleset)
         every = [f"{p}__{t}" for p in ("a", "b") for t in TOOL_NAMES]
         for principal in callers * 2:  # twice: the second round is served from the cache
@@ -168,11 +174,7 @@ def test_fuzz_views_show_and_call_only_their_names_and_cuts_never_cross_paths(se
         return rule_set is None or rule_set.allows(principal, "tools/call", name=name, backend=name.split("__")[0])
 
     async def run() -> None:
-        a, b = backend("a"), backend("b")
-        for fake in (a, b):
-            await fake.discover()
-        cache = build_cache(CacheSettings(store="memory"))
-        await cache.start()
+        a, b, cache = await fleet_and_cache()
         table = RouteTable([Target(a, "a__"), Target(b, "b__")])
         main = Dispatcher(table, cache=cache, rules=ruleset)
         through_view = Dispatcher(table, cache=cache, rules=ruleset, view=compiled)
