@@ -16,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.governance import RULES, all_tools, bearer, jwt_auth, sdk_tool_names
+from tests.support.governance import all_tools, bearer, governed, sdk_tool_names
 from tests.support.governance import call_tool as call
 from tests.support.scripted import Scripted
 
@@ -25,13 +25,7 @@ PRM_URL = "https://mcp.test/.well-known/oauth-protected-resource/mcp"
 
 
 def settings(ledger: Scripted, reports: Scripted, jwks_url: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "backends": [{"name": "ledger", "url": ledger.url, "era": "modern"},
-                     {"name": "reports", "url": reports.url, "era": "modern"}],
-        "auth": jwt_auth(jwks_url),
-        "authorization": RULES,
-        **extra,
-    }
+    return governed(ledger, reports, jwks_url, **extra)
 
 
 @pytest.fixture

@@ -64,6 +64,17 @@ class JwksServer:
         self._sock.close()
 
 
+def governed(ledger: Any, reports: Any, jwks_url: str, **extra: Any) -> dict[str, Any]:
+    """Gateway settings: the two scripted backends, tokens from the test issuer, `RULES`."""
+    return {
+        "backends": [{"name": "ledger", "url": ledger.url, "era": "modern"},
+                     {"name": "reports", "url": reports.url, "era": "modern"}],
+        "auth": jwt_auth(jwks_url),
+        "authorization": RULES,
+        **extra,
+    }
+
+
 def jwt_auth(jwks_url: str, *, claims: tuple[str, ...] = ("groups",)) -> dict[str, Any]:
     """The gateway's `auth` section trusting the test issuer's tokens, keeping `claims`."""
     auth: dict[str, Any] = {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "jwks_url": jwks_url,
