@@ -155,6 +155,21 @@ async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
         await task
 
 
+def bench_backend(port: int, mode: str = "modern") -> subprocess.Popen[bytes]:
+    """bench/backend.py (50 tools, ttlMs 60 s) on `port`, pinned to CPU 0, once it accepts."""
+    pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) >= 2 else []
+    backend = subprocess.Popen([*pin, sys.executable, str(BENCH / "backend.py"), "--port", str(port),
+                                "--mode", mode, "--tools", "50", "--ttl-ms", "60000"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return backend
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("mode", choices=("call", "list", "legacy"))
@@ -187,19 +202,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with take_lock(900):
         port = free_port()
-        pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) >= 2 else []
         token_server = None
-        backend = subprocess.Popen([*pin, sys.executable, str(BENCH / "backend.py"), "--port", str(port),
-                                    "--mode", "legacy" if args.mode == "legacy" else "modern",
-                                    "--tools", "50", "--ttl-ms", "60000"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        backend = bench_backend(port, "legacy" if args.mode == "legacy" else "modern")
         try:
-            for _ in range(100):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError:
-                    time.sleep(0.1)
             if args.credentials == "client-credentials":
                 token_port = free_port()
                 token_server = subprocess.Popen([sys.executable, str(BENCH / "token_server.py"), "--port",

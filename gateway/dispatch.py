@@ -14,6 +14,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
+import orjson
+
 from gateway import __version__
 from gateway.backends.base import Backend, Message, Reply, aclose
 from gateway.backends.concurrency import Slot
@@ -32,6 +34,7 @@ from gateway.protocol.request import Call, check_param_headers
 from gateway.protocol.versions import MODERN_VERSIONS
 from gateway.routing.fanout import aggregate_list
 from gateway.routing.table import RouteTable, Target
+from gateway.routing.views import View
 
 log = logging.getLogger("gateway.dispatch")
 
@@ -51,7 +54,9 @@ class Hub(Protocol):
     """The subscription hub seam: turns a client's listen call into its notification stream,
     with the lifecycle `Runtime` drives (subscriptions/hub.py `SubscriptionHub`)."""
 
-    async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply: ...
+    async def listen(self, call: Call, targets: tuple[Target, ...], confined_to: frozenset[str] | None = None
+                     ) -> Reply:
+        """`confined_to`: a view's backends; a reload never extends the listen beyond them."""
 
     async def start(self) -> None:
         """Called once the backends and the cache are started (before any listen)."""
@@ -96,13 +101,23 @@ class Budget:
 class Dispatcher:
     def __init__(self, table: RouteTable, *, cache: ResponseCache | None = None, hub: Hub | None = None,
                  instructions: str | None = None, rules: RuleSet | None = None,
-                 rate_limits: RateLimits | None = None) -> None:
+                 rate_limits: RateLimits | None = None, view: View | None = None) -> None:
         self.table = table
+        # A view (routing/views.py) serves only its backends and names, under its own rules
+        # as well as the global ones; None: the whole fleet (the main path).
+        self.view = view
+        self.targets: tuple[Target, ...] = table.targets if view is None else tuple(
+            t for t in table.targets if view.shows_backend(t.backend.name))
         # Governance (docs/governance.md): decided here for every request, whichever door it
         # came in by (modern, initialize-era, HTTP+SSE); None when not configured.
         self.rules = rules
+        self.view_rules = view.rules if view is not None else None
         self.rate_limits = rate_limits
-        self._governed = rules is not None or rate_limits is not None
+        self._governed = rules is not None or rate_limits is not None or self.view_rules is not None
+        # Lists are cut per caller (`_visible_result`), listens filtered (`_visible_listen`).
+        self._cuts = rules is not None or view is not None
+        self._cut_tag = (view.path if view is not None else "", rules.fingerprint if rules is not None else "",
+                         self.view_rules.fingerprint if self.view_rules is not None else "")
         self.cache: ResponseCache = cache or NoCache()
         self.hub = hub
         self.instructions = instructions
@@ -179,9 +194,9 @@ class Dispatcher:
         if spec.stream_only:
             if self.hub is None:
                 raise rpc.method_not_found(method, call.id)
-            if self.rules is not None:
+            if self._cuts:
                 return self._visible_listen(call)
-            return self.hub.listen(call, self.table.targets)
+            return self.hub.listen(call, self.targets)
         raise rpc.method_not_found(method, call.id)
 
     # -- governance -------------------------------------------------------------------------
@@ -191,11 +206,20 @@ class Dispatcher:
         unless a shared (Redis) limiter must be asked: then the awaitable that asks it."""
         method = call.method
         name, uri = call_target(method, call.params, call.name) if method in DECIDED_METHODS else (None, None)
-        backend = self._backend_of(name, uri, "tools" if method == "tools/call" else "prompts")
+        # The global rules see the backend the whole fleet gives a name, as on the main path.
+        kind = "tools" if method == "tools/call" else "prompts"
+        backend = self._backend_of(name, uri, kind, whole_fleet=True)
         if self.rules is not None and method in DECIDED_METHODS:
             decision = self.rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
             if not decision.allowed:
                 raise self.rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
+        view_rules = self.view_rules
+        if view_rules is not None and method in DECIDED_METHODS and self._in_view(name, uri, backend):
+            # A name outside the view is not refused here: it is unknown (-32602), answered
+            # by the handler exactly like a name curation hides.
+            decision = view_rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
+            if not decision.allowed:
+                raise view_rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
         if self.rate_limits is not None:
             return self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
         return None
@@ -204,13 +228,12 @@ class Dispatcher:
         """A listen that carries only what this caller may see: subscriptions to URIs it may
         not read are never made, and an update for a URI it may not read (under a prefix it
         subscribed to) is not delivered (docs/governance.md)."""
-        rules = self.rules
-        assert rules is not None and self.hub is not None
+        assert self.hub is not None
         principal = call.principal
 
         def may_read(uri: Any) -> bool:
-            return isinstance(uri, str) and rules.allows(principal, "resources/read", uri=uri,
-                                                         backend=self._backend_of(None, uri))
+            return isinstance(uri, str) and self._may_use(principal, "resources/read", None, uri,
+                                                          self._backend_of(None, uri, whole_fleet=True))
 
         wire = call.params.get("notifications")
         if isinstance(wire, dict) and isinstance(wire.get("resourceSubscriptions"), list):
@@ -218,28 +241,72 @@ class Dispatcher:
             visible = [u for u in uris if not isinstance(u, str) or may_read(u)]
             if len(visible) != len(uris):
                 call = call.with_params({**call.params, "notifications": {**wire, "resourceSubscriptions": visible}})
-        reply = await self.hub.listen(call, self.table.targets)
+        view = self.view
+        if view is not None and view.backends is not None:
+            reply = await self.hub.listen(call, self.targets, view.backends)
+        else:
+            reply = await self.hub.listen(call, self.targets)
         if reply.stream is not None:
             reply.stream = _VisibleNotifications(reply.stream, may_read)
         return reply
 
-    def _backend_of(self, name: str | None, uri: str | None, kind: str = "tools") -> str | None:
+    def _backend_of(self, name: str | None, uri: str | None, kind: str = "tools", *,
+                    whole_fleet: bool = False) -> str | None:
         if name is not None:
-            resolved = self.table.resolve_name(name, kind)
+            resolved = self.table.resolve_name(name, kind) if whole_fleet else self._resolve_name(name, kind)
             return resolved[0].backend.name if resolved is not None else None
         if uri is not None:
-            target = self.table.resolve_uri(uri)
+            target = self.table.resolve_uri(uri) if whole_fleet else self._resolve_uri(uri)
             return target.backend.name if target is not None else None
         return None
+
+    # -- what this endpoint shows (the whole fleet, or a view's part of it) ---------------
+
+    def _resolve_name(self, name: str, kind: str = "tools") -> tuple[Target, str] | None:
+        """The route table's answer, or None for a name outside this view: unknown."""
+        resolved = self.table.resolve_name(name, kind)
+        view = self.view
+        if view is None or resolved is None:
+            return resolved
+        if not (view.shows_backend(resolved[0].backend.name) and view.shows_name(name)):
+            return None
+        return resolved
+
+    def _resolve_uri(self, uri: str) -> Target | None:
+        target = self.table.resolve_uri(uri)
+        view = self.view
+        if view is None or target is None or view.shows_backend(target.backend.name):
+            return target
+        return None
+
+    def _in_view(self, name: str | None, uri: str | None, backend: str | None) -> bool:
+        view = self.view
+        if view is None:
+            return True
+        if backend is not None and not view.shows_backend(backend):
+            return False
+        return name is None or view.shows_name(name)
+
+    def _may_use(self, principal: Any, use: str, name: str | None, uri: str | None,
+                 backend: str | None) -> bool:
+        """Whether this caller may use an item of this endpoint: in the view (when one), and
+        allowed by the global rules and by the view's own."""
+        if self.view is not None and not self._in_view(name, uri, backend):
+            return False
+        rules = self.rules
+        if rules is not None and not rules.allows(principal, use, name=name, uri=uri, backend=backend):
+            return False
+        view_rules = self.view_rules
+        return view_rules is None or view_rules.allows(principal, use, name=name, uri=uri, backend=backend)
 
     # -- capability view of the fleet -----------------------------------------------------
 
     def capable(self, capability: str | None) -> tuple[Target, ...]:
         """Targets that advertise `capability`, or whose capabilities are not known yet."""
         if capability is None:
-            return self.table.targets
+            return self.targets
         return tuple(
-            t for t in self.table.targets if t.backend.capabilities is None or capability in t.backend.capabilities
+            t for t in self.targets if t.backend.capabilities is None or capability in t.backend.capabilities
         )
 
     # -- server/discover ------------------------------------------------------------------
@@ -248,10 +315,10 @@ class Dispatcher:
         # All backends at once, each bounded by its own deadline and failure memory
         # (Backend.discover): one hung backend must not hold the fleet's answer (or a legacy
         # client's initialize) for longer than its list_timeout_seconds.
-        answers = await asyncio.gather(*(t.backend.discover(stale_ok=True) for t in self.table.targets),
+        answers = await asyncio.gather(*(t.backend.discover(stale_ok=True) for t in self.targets),
                                        return_exceptions=True)
         results: list[Message] = []
-        for target, answer in zip(self.table.targets, answers, strict=True):
+        for target, answer in zip(self.targets, answers, strict=True):
             if isinstance(answer, rpc.McpError):
                 log.warning("server/discover: backend %s left out: %s", target.backend.name, answer.message)
             elif isinstance(answer, BaseException):
@@ -267,7 +334,7 @@ class Dispatcher:
             "cacheScope": "private" if any(r.get("cacheScope") != "public" for r in results) else "public",
             "_meta": {meta.SERVER_INFO: SERVER_INFO},
         }
-        instructions = self.instructions or _joined_instructions(self.table, results)
+        instructions = self.instructions or _joined_instructions(self.targets, results)
         if instructions:
             result["instructions"] = instructions
         return Reply("gateway", message=rpc.result_message(call.id, result))  # type: ignore[arg-type]
@@ -281,11 +348,11 @@ class Dispatcher:
             raise rpc.method_not_found(call.method, call.id)
         if self.table.pins is not None and call.method == "tools/list":
             await self.table.pins.reload_if_stale()  # an accept made elsewhere shows within seconds
-        again = self.cache.assembled_again(call, targets, self.table.revision)
+        # A cut answer is kept as cut, under a key that says whose cut it is (`_cut_key`).
+        endpoint = self._cut_key(call.principal) if self._cuts else ""
+        again = self.cache.assembled_again(call, targets, self.table.revision, endpoint)
         if again is not None:
             message, body = again
-            if self.rules is not None:
-                return Reply("gateway", message=self._visible_items(call, message), headers=_CACHE_HIT)
             return Reply("gateway", message=message, raw=body, headers=_CACHE_HIT)
         outcomes: list[Outcome] = []
         sources: list[Source] = []
@@ -301,28 +368,37 @@ class Dispatcher:
 
         result = await aggregate_list(call, self.table, targets, fetch)
         result.setdefault("_meta", {})[meta.SERVER_INFO] = SERVER_INFO
+        if self._cuts:
+            result = self._visible_result(call, result)
         if outcomes and len(sources) == len(outcomes) and result["ttlMs"] > 0:
             # Assembled from fresh entries only, none left out (a partial answer has ttlMs 0):
             # the same request is answered from this until one of them changes.
-            self.cache.keep_assembled(call, targets, self.table.revision, sources, result)
+            self.cache.keep_assembled(call, targets, self.table.revision, sources, result, endpoint)
         message = rpc.result_message(call.id, result)  # type: ignore[arg-type]
-        if self.rules is not None:
-            message = self._visible_items(call, message)
         return Reply("gateway", message=message, headers=_cache_header(outcomes))
 
-    def _visible_items(self, call: Call, message: Message) -> Message:
-        """The list as this caller may use it: an item is listed when the call that uses it is
-        allowed (policies/authorization.py). The cache keeps the fleet's unfiltered answer,
-        shared by every caller, and each answer is cut here with the rules of the moment: a
-        cached answer cannot outlive a change of the rules, and no caller can be handed
-        another's cut (bench/README.md "Governance" measured this against caching each cut).
-        The cut is per caller, so it is `private` (spec: caching §cacheScope)."""
-        rules = self.rules
-        assert rules is not None and call.spec is not None
-        result = message.get("result")
+    def _cut_key(self, principal: Any) -> tuple[Any, ...]:
+        """Everything a cut list depends on beyond the request and the fleet's entries (which
+        the kept answer's own key and sources hold: cache/assembled.py): this endpoint, the
+        rules' fingerprints, and what of the caller the rules read (its scopes and claims; a
+        principal is already in the key when authenticated, and a new token of the same
+        subject may carry other claims). Measured against cutting the shared answer on every
+        request: bench/README.md "Governance"."""
+        claims = principal.claims
+        return (self._cut_tag, principal.scopes,
+                orjson.dumps(dict(claims), option=orjson.OPT_SORT_KEYS) if claims else b"")
+
+    def _visible_result(self, call: Call, result: dict[str, Any]) -> dict[str, Any]:
+        """The list as this caller may use it on this endpoint: an item is listed when the call
+        that uses it is allowed (policies/authorization.py) and, on a view, is in the view.
+        The backends' answers stay cached unfiltered and shared by every caller and path; this
+        cut is kept (in process) under `_cut_key`, so it is never handed to a caller or a path
+        whose cut may differ, and a change of rules (a restart) makes new keys. The cut is per
+        caller, so it is `private` (spec: caching §cacheScope)."""
+        assert call.spec is not None
         key = call.spec.list_key
-        if not isinstance(result, dict) or key not in _ITEM_NAME or not isinstance(result.get(key), list):
-            return message
+        if key not in _ITEM_NAME or not isinstance(result.get(key), list):
+            return result
         field_name, kind = _ITEM_NAME[key]
         use = USE_OF_LIST[call.method]
         principal = call.principal
@@ -332,12 +408,13 @@ class Dispatcher:
             if not isinstance(name, str):
                 continue
             if kind is not None:
-                allowed = rules.allows(principal, use, name=name, backend=self._backend_of(name, None, kind))
+                backend = self._backend_of(name, None, kind, whole_fleet=True)
+                allowed = self._may_use(principal, use, name, None, backend)
             else:
-                allowed = rules.allows(principal, use, uri=name, backend=self._backend_of(None, name))
+                allowed = self._may_use(principal, use, None, name, self._backend_of(None, name, whole_fleet=True))
             if allowed:
                 kept.append(item)
-        return {**message, "result": {**result, key: kept, "cacheScope": "private"}}
+        return {**result, key: kept, "cacheScope": "private"}
 
     async def _list_page(self, target: Target, call: Call) -> Message:
         """One backend's page, within its `list_timeout_seconds`: a late backend is left out of
@@ -365,7 +442,7 @@ class Dispatcher:
             # is -32602 (TOOLS). Forwarded, it reached the backend as something no tool can
             # take, and an `x-mcp-header` argument could not be found in it (§b.2).
             raise rpc.invalid_params(f'"params.arguments" of {call.method} must be an object', call.id)
-        resolved = self.table.resolve_name(call.name, "tools" if kind == "tool" else "prompts")
+        resolved = self._resolve_name(call.name, "tools" if kind == "tool" else "prompts")
         if resolved is None:
             raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
                                      data={"name": call.name})
@@ -410,7 +487,7 @@ class Dispatcher:
     async def tool_param_headers(self, name: str) -> tuple[Any, ...]:
         """The `x-mcp-header` annotations of the tool clients call `name` (empty if unknown).
         Requests the gateway synthesizes (for legacy clients) mirror arguments with these."""
-        resolved = self.table.resolve_name(name)
+        resolved = self._resolve_name(name)
         if resolved is None:
             return ()
         return tuple(await self._param_annotations(*resolved) or ())
@@ -460,7 +537,7 @@ class Dispatcher:
             refresh = self._resource_index_refresh = asyncio.ensure_future(
                 asyncio.gather(*(self._refresh_resource_index(t) for t in self.capable("resources"))))
         await asyncio.shield(refresh)
-        return self.table.resolve_uri(uri)
+        return self._resolve_uri(uri)
 
     async def _refresh_resource_index(self, target: Target) -> None:
         from gateway.backends.base import internal_call
@@ -485,7 +562,7 @@ class Dispatcher:
 
     async def _read(self, call: Call) -> Reply:
         assert call.name is not None
-        target = self.table.resolve_uri(call.name) or await self._resolve_relisted(call.name)
+        target = self._resolve_uri(call.name) or await self._resolve_relisted(call.name)
         if target is None:
             raise rpc.invalid_params(f"Resource not found: {call.name!r} (no backend serves this URI)", call.id,
                                      data={"uri": call.name})
@@ -512,7 +589,7 @@ class Dispatcher:
         if not isinstance(ref, dict):
             raise rpc.invalid_params('"ref" must be an object', call.id)
         if ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str):
-            resolved = self.table.resolve_name(ref["name"], "prompts")
+            resolved = self._resolve_name(ref["name"], "prompts")
             if resolved is None:
                 raise rpc.invalid_params(f"Unknown prompt: {ref['name']!r}", call.id)
             target, upstream = resolved
@@ -520,7 +597,7 @@ class Dispatcher:
             params["ref"] = {**ref, "name": upstream}
             return await self._forward_within_budget(target, call.with_params(params))
         if ref.get("type") == "ref/resource" and isinstance(ref.get("uri"), str):
-            target = self.table.resolve_uri(ref["uri"]) or await self._resolve_relisted(ref["uri"])
+            target = self._resolve_uri(ref["uri"]) or await self._resolve_relisted(ref["uri"])
             if target is None:
                 raise rpc.invalid_params(f"Resource not found: {ref['uri']!r}", call.id)
             return await self._forward_within_budget(target, call)
@@ -795,11 +872,11 @@ def _ttl(result: Message) -> int:
     return max(0, int(ttl)) if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) else 0
 
 
-def _joined_instructions(table: RouteTable, results: list[Message]) -> str | None:
+def _joined_instructions(targets: tuple[Target, ...], results: list[Message]) -> str | None:
     parts = [r["instructions"] for r in results if isinstance(r.get("instructions"), str) and r["instructions"]]
     if not parts:
         return None
-    if len(table.targets) == 1:
+    if len(targets) == 1:
         return parts[0]
     return "\n\n".join(parts)
 

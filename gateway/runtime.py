@@ -32,6 +32,7 @@ from gateway.readiness import BackendState, BackendStates, ReadinessChecks
 from gateway.routing.curation import Curation
 from gateway.routing.pins import Pins
 from gateway.routing.table import RouteTable, Target
+from gateway.routing.views import views_of
 from gateway.settings import ConfigError, GatewaySettings
 from gateway.subscriptions import build_hub
 
@@ -47,6 +48,8 @@ class Snapshot:
     backends: tuple[Backend, ...]
     table: RouteTable
     dispatcher: Dispatcher
+    # One dispatcher per view path (routing/views.py), over the same table, cache and hub.
+    views: dict[str, Dispatcher]
 
 
 class LiveDispatcher:
@@ -70,6 +73,28 @@ class LiveDispatcher:
         return self.snapshot.dispatcher.hub
 
 
+class LiveView:
+    """A view's `LiveDispatcher`: the current snapshot's dispatcher for one view path, read
+    once per request (through the main `LiveDispatcher`, so that a reload's swap is one
+    assignment for every endpoint)."""
+
+    __slots__ = ("live", "path")
+
+    def __init__(self, live: LiveDispatcher, path: str) -> None:
+        self.live = live
+        self.path = path
+
+    def dispatch(self, call: Call) -> Awaitable[Reply]:
+        return self.live.snapshot.views[self.path].dispatch(call)
+
+    def tool_param_headers(self, name: str) -> Awaitable[tuple[Any, ...]]:
+        return self.live.snapshot.views[self.path].tool_param_headers(name)
+
+    @property
+    def hub(self) -> Hub | None:
+        return self.live.snapshot.dispatcher.hub
+
+
 class Runtime:
     def __init__(self, settings: GatewaySettings, *, backends: list[Backend] | None = None,
                  cache: ResponseCache | None = None, hub: Hub | None = None) -> None:
@@ -81,10 +106,12 @@ class Runtime:
         self.rules = RuleSet.from_settings(settings)
         self.rate_limits = RateLimits.from_settings(settings)
         self.pins = Pins.from_settings(settings, on_change=self._pins_changed)
+        # Compiled with the rest of governance: restart-only like it (docs/reload.md).
+        self.views = views_of(settings)
         table = _table(settings, built, self.pins)
         self.cache: ResponseCache = cache if cache is not None else build_cache(settings.cache, settings.redis)
         self.hub: Hub = hub if hub is not None else build_hub(settings, table, self.cache)
-        self.snapshot = Snapshot(0, settings, tuple(built), table, self._dispatcher(table))
+        self.snapshot = Snapshot(0, settings, tuple(built), table, self._dispatcher(table), self._views(table))
         self.live = LiveDispatcher(self.snapshot)
         self._discovery: asyncio.Task[None] | None = None
         # Backends a reload took out of the fleet, while their calls under way finish.
@@ -122,6 +149,13 @@ class Runtime:
 
     def _dispatcher(self, table: RouteTable) -> Dispatcher:
         return Dispatcher(table, cache=self.cache, hub=self.hub, rules=self.rules, rate_limits=self.rate_limits)
+
+    def _views(self, table: RouteTable) -> dict[str, Dispatcher]:
+        return {view.path: Dispatcher(table, cache=self.cache, hub=self.hub, rules=self.rules,
+                                      rate_limits=self.rate_limits, view=view) for view in self.views}
+
+    def live_view(self, path: str) -> LiveView:
+        return LiveView(self.live, path)
 
     def _pins_changed(self) -> None:
         # What is withheld changed: no kept aggregated list may be reused (cache/assembled.py).
@@ -194,7 +228,8 @@ class Runtime:
             backend.health.listeners.append(self._health_changed)
         table = _table(settings, backends, self.pins, max_uris=old.table._max_uris)
         table.inherit(old.table)
-        snapshot = Snapshot(old.generation + 1, settings, tuple(backends), table, self._dispatcher(table))
+        snapshot = Snapshot(old.generation + 1, settings, tuple(backends), table, self._dispatcher(table),
+                            self._views(table))
         # The swap: every request from here on reads the new snapshot; those under way finish
         # on the one they started with.
         self.snapshot = self.live.snapshot = snapshot

@@ -939,6 +939,25 @@ class RateLimit(_Frozen):
         return v
 
 
+class ViewSettings(_Frozen):
+    """A curated MCP endpoint over the same fleet (routing/views.py, docs/governance.md
+    "Views"): the backends it shows (unset: all), the tool and prompt names it shows (globs on
+    names as clients see them; unset: every name of those backends), and its own rules,
+    evaluated on top of the global `authorization` (both must allow)."""
+
+    path: str
+    backends: tuple[str, ...] | None = None
+    names: _Globs | None = None
+    authorization: AuthorizationSettings = AuthorizationSettings()
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must start with '/'")
+        return v.rstrip("/") or "/"
+
+
 class PinSettings(_Frozen):
     # Where pins are kept without Redis (with cache.store: redis they are in Redis).
     file: str = "mcp-gateway-pins.json"
@@ -961,6 +980,7 @@ class GatewaySettings(BaseSettings):
     authorization: AuthorizationSettings = AuthorizationSettings()
     rate_limits: tuple[RateLimit, ...] = ()
     pins: PinSettings = PinSettings()
+    views: tuple[ViewSettings, ...] = ()
     # The Redis every section shares unless it names its own (docs/scale.md).
     redis: RedisSettings = RedisSettings()
     # Start the bundled demo backend in-process and route to it (the embedded defaults).
@@ -1017,9 +1037,11 @@ class GatewaySettings(BaseSettings):
         # Kept beside the policies, so every rule about rules lives with the code that runs them.
         from gateway.policies.authorization import check_authorization
         from gateway.policies.ratelimit import check_rate_limits
+        from gateway.routing.views import check_views
 
         check_authorization(self)
         check_rate_limits(self)
+        check_views(self)
         return self
 
     def cache_redis(self) -> RedisSettings:

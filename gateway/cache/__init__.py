@@ -13,7 +13,7 @@ configured implementation (`StoreCache` over memory, or Redis with a local layer
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -32,13 +32,13 @@ class ResponseCache(Protocol):
         """The answer to `call` from `target`, and how it was obtained. A fresh hit appends
         where it came from to `sources`, for `keep_assembled`."""
 
-    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int
+    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int, endpoint: Hashable = ""
                         ) -> tuple[Message, bytes] | None:
         """An aggregated list answer kept by `keep_assembled`, as (message, body), when every
         entry it was made from still holds (cache/assembled.py)."""
 
     def keep_assembled(self, call: Call, targets: Sequence[Target], revision: int, sources: Sequence[Source],
-                       result: dict[str, Any]) -> None: ...
+                       result: dict[str, Any], endpoint: Hashable = "") -> None: ...
 
     async def invalidate_lists(self, backend: str, methods: tuple[str, ...] | None = None) -> None: ...
 
@@ -58,12 +58,12 @@ class NoCache:
                     ) -> tuple[Message, Outcome]:
         return await load(), "bypass"
 
-    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int
+    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int, endpoint: Hashable = ""
                         ) -> tuple[Message, bytes] | None:
         return None
 
     def keep_assembled(self, call: Call, targets: Sequence[Target], revision: int, sources: Sequence[Source],
-                       result: dict[str, Any]) -> None:
+                       result: dict[str, Any], endpoint: Hashable = "") -> None:
         return None
 
     async def invalidate_lists(self, backend: str, methods: tuple[str, ...] | None = None) -> None:

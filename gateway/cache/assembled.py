@@ -21,7 +21,7 @@ full path runs and nothing is lost but time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,10 +62,10 @@ class AssembledAnswers:
         self._bytes = 0
         self.reused = 0  # answers handed out again (tests and operators can tell it works)
 
-    def again(self, call: Call, principal: str | None, targets: Sequence[Target], revision: int
-              ) -> tuple[Message, bytes] | None:
+    def again(self, call: Call, principal: str | None, targets: Sequence[Target], revision: int,
+              endpoint: Hashable = "") -> tuple[Message, bytes] | None:
         """The kept answer to `call` as (message, body), or None when it must be assembled."""
-        key = _key(call, principal)
+        key = _key(call, principal, endpoint)
         answer = self._answers.get(key) if key is not None else None
         if answer is None or answer.revision != revision or answer.targets != tuple(targets):
             return None
@@ -91,11 +91,11 @@ class AssembledAnswers:
         return {"jsonrpc": "2.0", "id": call.id, "result": {**answer.result, "ttlMs": ttl}}, body
 
     def keep(self, call: Call, principal: str | None, targets: Sequence[Target], revision: int,
-             sources: Sequence[Source], result: dict[str, Any]) -> None:
+             sources: Sequence[Source], result: dict[str, Any], endpoint: Hashable = "") -> None:
         """Keep `result`, assembled from exactly `sources` (every one a fresh entry)."""
         if not sources or self.store.peek(sources[0][0]) is None:
             return
-        key = _key(call, principal)
+        key = _key(call, principal, endpoint)
         if key is None:
             return
         rest = {k: v for k, v in result.items() if k != "ttlMs"}
@@ -118,9 +118,9 @@ class AssembledAnswers:
         self._bytes += len(encoded)
 
 
-def _key(call: Call, principal: str | None) -> tuple[Any, ...] | None:
+def _key(call: Call, principal: str | None, endpoint: Hashable = "") -> tuple[Any, ...] | None:
     try:
         params = orjson.dumps(canonical_params(call.params))
     except (TypeError, orjson.JSONEncodeError):
         return None
-    return call.method, call.version, principal, params
+    return call.method, call.version, principal, params, endpoint

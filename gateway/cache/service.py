@@ -39,7 +39,7 @@ from gateway.protocol.methods import LIST_METHODS
 from gateway.settings import CacheSettings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Hashable, Sequence
 
     from gateway.backends.base import Message
     from gateway.protocol.request import Call
@@ -149,16 +149,18 @@ class StoreCache:
             call, decision.scope, outcome
         )
 
-    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int
+    def assembled_again(self, call: Call, targets: Sequence[Target], revision: int, endpoint: Hashable = ""
                         ) -> tuple[Message, bytes] | None:
+        """`endpoint`: the view whose answer this is ("" for the main path), so that views over
+        other backends do not take each other's place."""
         if not cacheable(call):
             return None
-        return self.assembled.again(call, call.principal.cache_key, targets, revision)
+        return self.assembled.again(call, call.principal.cache_key, targets, revision, endpoint)
 
     def keep_assembled(self, call: Call, targets: Sequence[Target], revision: int, sources: Sequence[Source],
-                       result: dict[str, Any]) -> None:
+                       result: dict[str, Any], endpoint: Hashable = "") -> None:
         if cacheable(call):
-            self.assembled.keep(call, call.principal.cache_key, targets, revision, sources, result)
+            self.assembled.keep(call, call.principal.cache_key, targets, revision, sources, result, endpoint)
 
     def _usable_stale(self, entry: Entry, now: int) -> bool:
         window = self.settings.stale_if_error_ms

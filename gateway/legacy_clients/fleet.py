@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import secrets
@@ -272,11 +273,15 @@ class FleetSessions:
                     await self.store.end(session)
 
 
-def fleet_from_settings(settings: GatewaySettings, owner_url: str) -> Callable[[SessionStore], FleetSessions] | None:
+def fleet_from_settings(settings: GatewaySettings, owner_url: str, view: str | None = None
+                        ) -> Callable[[SessionStore], FleetSessions] | None:
     """Sessions any replica can serve need a key all replicas share (`security.secret`) and a
     Redis they share (the listen bus's: `GatewaySettings.bus_redis()`). Without
     either, None: each replica keeps its own sessions in memory, as a single replica does.
-    `owner_url` is this replica's address for forwarded answers (`Runtime.replica.owner`)."""
+    `owner_url` is this replica's address for forwarded answers (`Runtime.replica.owner`).
+    `view`: the sessions of that view's path (routing/views.py), sealed with a key of their
+    own and kept under keys of their own, so that a view's session id means nothing on
+    another path (and the other way round)."""
     from gateway.redis_client.plan import plan_of
 
     secret = settings.security.secret
@@ -288,10 +293,18 @@ def fleet_from_settings(settings: GatewaySettings, owner_url: str) -> Callable[[
     share = per_principal_share(server.legacy_max_sessions)
     replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
+    prefix = settings.subscriptions.redis_key_prefix
+    key = secret.get_secret_value().encode()
+    if view is not None:
+        prefix = f"{prefix}:view:{view}"
+        key = hashlib.sha256(b"mcp-gateway view sessions\0" + view.encode() + b"\0" + key).digest()
+        if owner_url.startswith(("http://", "https://")) and owner_url.endswith(server.path):
+            owner_url = owner_url[: len(owner_url) - len(server.path)] + view
+
     def build(store: SessionStore) -> FleetSessions:
-        shared = SharedSessions(plan, prefix=settings.subscriptions.redis_key_prefix,
-                                idle_seconds=server.legacy_session_idle_seconds, replica_id=replica_id)
-        return FleetSessions(store, Sealer(secret.get_secret_value().encode()), shared, owner_url=owner_url,
+        shared = SharedSessions(plan, prefix=prefix, idle_seconds=server.legacy_session_idle_seconds,
+                                replica_id=replica_id)
+        return FleetSessions(store, Sealer(key), shared, owner_url=owner_url,
                              max_per_principal=share, max_total=server.legacy_max_sessions)
 
     return build

@@ -28,9 +28,12 @@ _MAX_ERROR_BODY = 64 * 1024
 
 class RequestTelemetry:
     def __init__(self, app: asgi.ASGIApp, *, path: str, legacy_paths: tuple[str, ...] = (),
-                 access_log: AccessLog | None = None, max_body_bytes: int = 4 * 1024 * 1024) -> None:
+                 access_log: AccessLog | None = None, max_body_bytes: int = 4 * 1024 * 1024,
+                 view_paths: tuple[str, ...] = ()) -> None:
         self.app = app
         self.path = path
+        # The MCP endpoints (the main path and the views'), then the HTTP+SSE message paths.
+        self.mcp_paths = frozenset((path, *view_paths))
         self.legacy_paths = frozenset(legacy_paths)
         self.access_log = access_log
         self.max_body_bytes = max_body_bytes
@@ -40,7 +43,7 @@ class RequestTelemetry:
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or (
-                scope["path"] != self.path and scope["path"] not in self.legacy_paths):
+                scope["path"] not in self.mcp_paths and scope["path"] not in self.legacy_paths):
             await self.app(scope, receive, send)
             return
         headers = asgi.request_headers(scope)
@@ -50,7 +53,7 @@ class RequestTelemetry:
         if header_method is not None:
             record.method = metrics.method_label(header_method)
         else:
-            if scope["path"] != self.path:
+            if scope["path"] not in self.mcp_paths:
                 record.transport = "sse"
             record.version = headers.get("mcp-protocol-version")
             receive = self._peek(record, receive)

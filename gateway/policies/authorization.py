@@ -48,7 +48,7 @@ from gateway.protocol.principal import Principal, principal_of
 from gateway.protocol.versions import is_modern
 
 if TYPE_CHECKING:
-    from gateway.settings import AuthorizationRule, GatewaySettings
+    from gateway.settings import AuthorizationRule, AuthorizationSettings, GatewaySettings
 
 # The methods a rule decides, and what each is about.
 NAMED_METHODS = frozenset({"tools/call", "prompts/get", "completion/complete"})
@@ -69,6 +69,7 @@ _URI_OR_LISTED = URI_METHODS | {"resources/list", "resources/templates/list"}
 # Targets whose candidate rules are remembered; past it the memo starts over (names come from
 # clients: a bound, not a leak).
 _MEMO_ENTRIES = 4096
+_UNSEEN: Any = object()
 
 
 def compile_globs(globs: Iterable[str]) -> re.Pattern[str]:
@@ -175,7 +176,11 @@ class RuleSet:
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RuleSet | None:
         """None when the section is the default (allow everything, no rules): nothing to run."""
-        section = settings.authorization
+        return cls.of(settings.authorization, settings)
+
+    @classmethod
+    def of(cls, section: AuthorizationSettings, settings: GatewaySettings) -> RuleSet | None:
+        """The rules of one `authorization` section: the global one, or a view's."""
         if not section.rules and section.default == "allow":
             return None
         rules = tuple(_compile_rule(i, r) for i, r in enumerate(section.rules))
@@ -291,6 +296,7 @@ class Authorization(HeadPolicy):
         # dispatcher rather than guess.
         self.uri_backends_matter = any(r.uris is not None and r.backends is not None for r in rules.rules) \
             if uri_backends_matter is None else uri_backends_matter
+        self._targets: dict[tuple[bytes, bytes, bytes], tuple[str, str, str | None] | None] = {}
 
     def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         if scope["method"] != "POST" or scope["path"] not in self.mcp_paths:
@@ -305,6 +311,28 @@ class Authorization(HeadPolicy):
                 version = value
         if raw_method is None or raw_name is None or version is None:
             return None
+        key = (raw_method, raw_name, version)
+        found = self._targets.get(key, _UNSEEN)
+        if found is _UNSEEN:
+            found = self._target(raw_method, raw_name, version)
+            if len(self._targets) >= _MEMO_ENTRIES:
+                self._targets.clear()
+            self._targets[key] = found
+        if found is None:
+            return None
+        method, target, backend = found
+        if method == "resources/read":
+            decision = self.rules.decide(principal_of(scope), method, uri=target, backend=backend)
+        else:
+            decision = self.rules.decide(principal_of(scope), method, name=target, backend=backend)
+        if decision.allowed:
+            return None
+        return self.rules.refusal(decision, method, target)
+
+    def _target(self, raw_method: bytes, raw_name: bytes, version: bytes) -> tuple[str, str, str | None] | None:
+        """(method, name or URI, its backend) the headers say the request is about; None when
+        they do not suffice (the dispatcher decides). Caller-independent: memoized per header
+        triple in `admit` (bounded: the values come from clients)."""
         method = _DECIDED_HEADERS.get(raw_method)
         if method is None:
             return None  # completion refs are in the body; lists are filtered, not refused
@@ -318,12 +346,8 @@ class Authorization(HeadPolicy):
             backend = self.resolver.uri(target)
             if backend is None and self.uri_backends_matter:
                 return None
-            decision = self.rules.decide(principal_of(scope), method, uri=target, backend=backend)
-        else:
-            decision = self.rules.decide(principal_of(scope), method, name=target, backend=self.resolver.name(target))
-        if decision.allowed:
-            return None
-        return self.rules.refusal(decision, method, target)
+            return method, target, backend
+        return method, target, self.resolver.name(target)
 
 
 # -- check-config --------------------------------------------------------------------------
@@ -336,16 +360,23 @@ def check_authorization(settings: GatewaySettings) -> None:
         raise ValueError("; ".join(problems))
 
 
-def rule_problems(settings: GatewaySettings) -> list[str]:
+def rule_problems(settings: GatewaySettings, rules: tuple[AuthorizationRule, ...] | None = None,
+                  at: str = "authorization.rules", within: Iterable[str] | None = None) -> list[str]:
+    """What makes the rules of a section (the global one by default; a view's with `at` and the
+    view's backends as `within`) name unknown things or never match."""
     problems: list[str] = []
     backends = {b.name: settings.prefix_of(b) for b in settings.backends}
+    if within is not None:
+        backends = {name: prefix for name, prefix in backends.items() if name in set(within)}
     kept_claims = set(settings.auth.claims)
-    for i, rule in enumerate(settings.authorization.rules):
-        where = f"authorization.rules.{i}" + (f" ({rule.id})" if rule.id else "")
+    for i, rule in enumerate(settings.authorization.rules if rules is None else rules):
+        where = f"{at}.{i}" + (f" ({rule.id})" if rule.id else "")
         problems += [f"{where}: {p}" for p in target_problems(rule.methods, rule.backends, rule.names, rule.uris,
                                                               backends, named_methods=_NAMED_OR_LISTED,
                                                               uri_methods=_URI_OR_LISTED,
-                                                              allowed_methods=DECIDED_METHODS | LIST_METHODS)]
+                                                              allowed_methods=DECIDED_METHODS | LIST_METHODS,
+                                                              unknown="no backend is named" if within is None
+                                                              else "the view shows no backend named")]
         if rule.when.scopes and settings.auth.mode != "jwt":
             problems.append(f"{where}: when.scopes can never hold: callers have scopes only with auth.mode: jwt")
         for claim in rule.when.claims:
@@ -361,7 +392,7 @@ def rule_problems(settings: GatewaySettings) -> list[str]:
 def target_problems(methods: tuple[str, ...] | None, rule_backends: tuple[str, ...] | None,
                     names: tuple[str, ...] | None, uris: tuple[str, ...] | None, backends: Mapping[str, str], *,
                     named_methods: frozenset[str], uri_methods: frozenset[str],
-                    allowed_methods: frozenset[str]) -> list[str]:
+                    allowed_methods: frozenset[str], unknown: str = "no backend is named") -> list[str]:
     """What makes a rule's (or a limit's) target fields unsatisfiable; shared with rate_limits."""
     problems: list[str] = []
     if methods is not None:
@@ -378,7 +409,7 @@ def target_problems(methods: tuple[str, ...] | None, rule_backends: tuple[str, .
             problems.append("backends is empty: the rule can never match")
         for backend in rule_backends:
             if backend not in backends:
-                problems.append(f"backends: no backend is named {backend!r}")
+                problems.append(f"backends: {unknown} {backend!r}")
     if methods is not None and names is not None and not set(methods) & named_methods:
         problems.append(f"names can never match: none of methods {list(methods)} is about a tool or prompt name")
     if methods is not None and uris is not None and not set(methods) & uri_methods:

@@ -209,12 +209,15 @@ class JwtAuth(HeadPolicy):
     closes_websockets = True
 
     def __init__(self, app: asgi.ASGIApp, *, auth: AuthSettings, open_paths: Iterable[str] = (),
-                 keys: KeySource | None = None, mcp_path: str = "/mcp") -> None:
+                 keys: KeySource | None = None, mcp_path: str = "/mcp",
+                 view_paths: Iterable[str] = ()) -> None:
         if auth.mode != "jwt":
             raise ValueError("JwtAuth needs auth.mode: jwt")
         super().__init__(app)
-        # The one place whose body phase holds Mcp-Method to the body (`_declared_method`).
+        # The places whose body phase holds Mcp-Method to the body (`_declared_method`): the
+        # MCP endpoint and the views' (the same endpoint code).
         self.mcp_path = mcp_path.rstrip("/") or "/"
+        self.mcp_paths = frozenset({self.mcp_path, *(p.rstrip("/") or "/" for p in view_paths)})
         self.verifier = JwtVerifier(auth, keys if keys is not None else key_source(auth))
         self.scopes = ScopeRules.from_settings(auth)
         self.metadata_url = metadata_url(auth)
@@ -282,7 +285,7 @@ class JwtAuth(HeadPolicy):
         anywhere else (the HTTP+SSE transport's /sse and /sse/messages run whatever their
         bodies say; the legacy GET stream and DELETE), and an initialize-era client sends no
         Mcp-Method: there the method is unknown and the scope rules fail closed."""
-        if scope["method"] != "POST" or (scope["path"].rstrip("/") or "/") != self.mcp_path:
+        if scope["method"] != "POST" or (scope["path"].rstrip("/") or "/") not in self.mcp_paths:
             return None
         version = asgi.get_header(scope, b"mcp-protocol-version")
         if version is None or not is_modern(version.decode("latin-1").strip()):

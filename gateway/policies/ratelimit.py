@@ -328,13 +328,27 @@ class RateLimits:
         matched = self.matching(method, name, backend)
         if not matched:
             return None
+        if self.shared is None:
+            # In memory: one GCRA step per limit, no intermediate lists (the pass-through budget:
+            # bench/README.md "Governance"). Every bucket with room is charged, then the first
+            # one over refuses, as with Redis.
+            local = self.local
+            now = local.now()
+            over = None
+            for limit in matched:
+                wait = local.take(limit.bucket(principal, method, name, backend), limit.interval, limit.burst, now)
+                if wait and over is None:
+                    over = (limit, wait)
+            if over is not None:
+                self._refuse(*over)
+            return None
         requests = [(limit.bucket(principal, method, name, backend), limit.interval, limit.burst) for limit in matched]
-        if self.shared is not None and time.monotonic() >= self._shared_down_until:
+        if time.monotonic() >= self._shared_down_until:
             return self._check_shared(matched, requests)
         local = self.local
         now = local.now()
         self._refuse_over(matched, [local.take(bucket, interval, burst, now) for bucket, interval, burst in requests],
-                          fallback=self.shared is not None)
+                          fallback=True)
         return None
 
     async def _check_shared(self, matched: tuple[Limit, ...], requests: list[tuple[Any, float, int]]) -> None:
@@ -359,14 +373,16 @@ class RateLimits:
         if fallback:
             RATE_LIMIT_FALLBACKS.inc()
         for limit, wait in zip(matched, waits, strict=True):
-            if not wait:
-                continue
-            if wait > 0:
-                RATE_LIMITED.labels(limit.label).inc()
-                retry_ms = max(1, math.ceil(wait * 1000))
-                raise rpc.gateway_overloaded(
-                    f"Too Many Requests: rate limit {limit.label} ({_describe(limit)}) reached; retry in {retry_ms} ms",
-                    limit=limit.label, status=429, retry_after=wait, data={"retryAfterMs": retry_ms})
+            if wait and wait > 0:
+                self._refuse(limit, wait)
+
+    @staticmethod
+    def _refuse(limit: Limit, wait: float) -> None:
+        RATE_LIMITED.labels(limit.label).inc()
+        retry_ms = max(1, math.ceil(wait * 1000))
+        raise rpc.gateway_overloaded(
+            f"Too Many Requests: rate limit {limit.label} ({_describe(limit)}) reached; retry in {retry_ms} ms",
+            limit=limit.label, status=429, retry_after=wait, data={"retryAfterMs": retry_ms})
 
     async def start(self) -> None:
         if self.shared is not None:

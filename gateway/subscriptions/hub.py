@@ -73,7 +73,7 @@ class ClientListen:
 
     __slots__ = ("hub", "listen_id", "principal", "streams", "_max", "_queue", "_wake", "_granted", "_ack",
                  "_ending", "_result_sent", "_detached", "_owner", "_id_json", "_channel", "_behind", "_quiet",
-                 "requested", "honored")
+                 "requested", "honored", "confined_to")
 
     # `__anext__` may be cancelled while it waits (a keep-alive timeout) and called again
     # without losing a message: the endpoint then reads it directly, with no pump task.
@@ -97,6 +97,9 @@ class ClientListen:
         # streams of backends added meanwhile and tells it which lists changed.
         self.requested = _NOTHING
         self.honored = _NOTHING
+        # A view's listen (routing/views.py): the backends it may hear, never others a reload
+        # adds; None: the whole fleet, whatever it becomes.
+        self.confined_to: frozenset[str] | None = None
         # The request task writing this stream to the client. Cancelling it is how a stream
         # is cut when its client stopped reading: the endpoint's write may be blocked on a
         # full socket, which nothing else would wake (the same path as a disconnect).
@@ -340,7 +343,9 @@ class SubscriptionHub:
 
     # -- a client listens -----------------------------------------------------------------
 
-    async def listen(self, call: Call, targets: tuple[Target, ...]) -> Reply:
+    async def listen(self, call: Call, targets: tuple[Target, ...], confined_to: frozenset[str] | None = None
+                     ) -> Reply:
+        """`confined_to`: a view's backends (`targets` are those of them in the fleet now)."""
         assert call.id is not None
         requested, asks_tasks = parse_request(call.params, call.id)
         if asks_tasks and not call.declares_extension(meta.TASKS_EXTENSION):
@@ -350,6 +355,7 @@ class SubscriptionHub:
         principal = call.principal.key
         self._admit(principal, call.id)
         client = ClientListen(self, call.id, principal, self.settings.queue_size, asyncio.current_task())
+        client.confined_to = confined_to
         self._clients.add(client)
         self._per_principal[principal] += 1
         metrics.CLIENT_STREAMS.inc()
@@ -562,12 +568,13 @@ class SubscriptionHub:
         before = self._backends
         self.table = table
         self._backends = {t.backend.name: t.backend for t in table.targets}
-        lists: set[str] = set()
+        # Which lists changed, per backend: a view's client hears only its backends' changes.
+        changed: dict[str, set[str]] = {}
         for name in renamed:
-            lists |= _lists_of(self._backends[name].capabilities)
+            changed.setdefault(name, set()).update(_lists_of(self._backends[name].capabilities))
         for name, backend in before.items():
             if self._backends.get(name) is not backend:
-                lists |= _lists_of(backend.capabilities)
+                changed.setdefault(name, set()).update(_lists_of(backend.capabilities))
         for stream in tuple(self._streams.values()):
             backend = self._backends.get(stream.key.backend)
             if backend is stream.backend:
@@ -581,13 +588,17 @@ class SubscriptionHub:
                     sink.replace_stream(stream, replacement)
         added = tuple(t for t in table.targets if before.get(t.backend.name) is not t.backend)
         if added and self._clients:
-            lists |= await self._listen_to(added)
-        elif added:
-            for target in added:
-                lists |= _lists_of(target.backend.capabilities)
-        if lists:
+            await self._listen_to(added)
+        for target in added:
+            changed.setdefault(target.backend.name, set()).update(_lists_of(target.backend.capabilities))
+        if changed:
+            everything = frozenset().union(*changed.values())
             for client in tuple(self._clients):
-                client.tell(frozenset(lists))
+                confined = client.confined_to
+                lists = everything if confined is None else frozenset().union(
+                    *(v for k, v in changed.items() if k in confined))
+                if lists:
+                    client.tell(lists)
 
     async def _listen_to(self, added: tuple[Target, ...]) -> set[str]:
         """Attach the list listeners to the list streams of backends a reload added; the
@@ -603,6 +614,8 @@ class SubscriptionHub:
                 wants = offered.lists & client.requested.lists
                 if not wants or any(s.key.backend == key.backend for s in client.streams):
                     continue
+                if client.confined_to is not None and key.backend not in client.confined_to:
+                    continue  # a view's listen hears its own backends only
                 stream = stream or self._stream(key)
                 client.grant(stream, SubscriptionFilter(lists=wants))
             if stream is not None:

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.governance import JwksServer
+from tests.support.oauth import Issuer, rsa_key
 from tests.support.procs import Proc, python_server
 from tests.support.scripted import Scripted
 
@@ -41,3 +43,29 @@ def mutable_backend() -> Iterator[Proc]:
         yield proc
     finally:
         proc.stop()
+
+
+# -- governance (authorization, rate limits, curation, views): tests/support/governance.py --
+
+
+@pytest.fixture(scope="module")
+def ledger() -> Iterator[Scripted]:
+    with Scripted("ledger") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def reports() -> Iterator[Scripted]:
+    with Scripted("reports") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Issuer:
+    return Issuer(keys=[rsa_key("k1")])
+
+
+@pytest.fixture(scope="module")
+def jwks_url(issuer: Issuer) -> Iterator[str]:
+    with JwksServer(issuer) as server:
+        yield server.url

@@ -4,7 +4,7 @@ must see statuses and headers, and the SDK's `mcp.Client` in modern and legacy m
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,75 +16,22 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint, ServedApp, rsa_key
+from tests.support.governance import all_tools, bearer, governed, sdk_tool_names
+from tests.support.governance import call_tool as call
 from tests.support.scripted import Scripted
 
 PRM_URL = "https://mcp.test/.well-known/oauth-protected-resource/mcp"
 
-RULES = {
-    "default": "deny",
-    "rules": [
-        {"id": "no-failing", "effect": "deny", "names": ["*__fail"]},
-        {"id": "finance-ledger", "effect": "allow", "methods": ["tools/call", "tools/list"], "backends": ["ledger"],
-         "names": ["ledger__*"], "when": {"claims": {"groups": "finance"}}},
-        {"id": "reports-echo", "effect": "allow", "names": ["reports__echo"]},
-        {"id": "reports-writers", "effect": "allow", "methods": ["tools/call"], "names": ["reports__*"],
-         "when": {"scopes": ["reports.write"]}},
-    ],
-}
-
-
-@pytest.fixture(scope="module")
-def ledger() -> Iterator[Scripted]:
-    with Scripted("ledger") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def reports() -> Iterator[Scripted]:
-    with Scripted("reports") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def issuer() -> Issuer:
-    return Issuer(keys=[rsa_key("k1")])
-
-
-@pytest.fixture
-async def jwks_url(issuer) -> AsyncIterator[str]:
-    served = ServedApp(JwksEndpoint(issuer))
-    await served.start()
-    try:
-        yield f"{served.base}/jwks"
-    finally:
-        await served.stop()
 
 
 def settings(ledger: Scripted, reports: Scripted, jwks_url: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "backends": [{"name": "ledger", "url": ledger.url, "era": "modern"},
-                     {"name": "reports", "url": reports.url, "era": "modern"}],
-        "auth": {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "jwks_url": jwks_url,
-                 "authorization_servers": [ISSUER], "claims": ["groups"]},
-        "authorization": RULES,
-        **extra,
-    }
+    return governed(ledger, reports, jwks_url, **extra)
 
 
 @pytest.fixture
 async def gw(ledger, reports, jwks_url) -> AsyncIterator[Any]:
     async with running_gateway(settings(ledger, reports, jwks_url)) as gw:
         yield gw
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
-
-
-async def call(http: httpx.AsyncClient, url: str, token: str, tool: str, **arguments: Any) -> httpx.Response:
-    return await mcp_http.post(http, url, "tools/call", {"name": tool, "arguments": arguments},
-                               extra_headers=bearer(token))
 
 
 async def test_claims_decide_who_may_call_a_backends_tools(gw, issuer):
@@ -199,23 +146,6 @@ WRITER_VISIBLE = ["reports__ask", "reports__bare", "reports__echo", "reports__fl
                   "reports__regional", "reports__slow"]
 
 
-async def all_tools(http: httpx.AsyncClient, url: str, token: str) -> tuple[list[str], list[httpx.Response]]:
-    names: list[str] = []
-    responses = []
-    cursor = None
-    for _ in range(50):
-        response = await mcp_http.post(http, url, "tools/list", {"cursor": cursor} if cursor else None,
-                                       extra_headers=bearer(token))
-        assert response.status_code == 200, response.text
-        responses.append(response)
-        result = response.json()["result"]
-        names += [t["name"] for t in result["tools"]]
-        cursor = result.get("nextCursor")
-        if cursor is None:
-            return sorted(names), responses
-    raise AssertionError("the list did not end")
-
-
 async def test_each_principal_sees_exactly_its_tools(gw, issuer):
     async with httpx.AsyncClient() as http:
         finance, responses = await all_tools(http, gw.url, issuer.token("fiona", groups=["finance"]))
@@ -235,15 +165,7 @@ async def test_sdk_clients_list_only_what_they_may_call(gw, issuer, mode):
             httpx2.AsyncClient(headers=bearer(token)) as http,
             Client(streamable_http_client(gw.url, http_client=http), mode=mode, cache=None) as client,
         ):
-            names: list[str] = []
-            cursor = None
-            for _ in range(50):
-                page = await client.list_tools(cursor=cursor)
-                names += [t.name for t in page.tools]
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
-            assert sorted(names) == expected
+            assert await sdk_tool_names(client) == expected
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])

@@ -6,7 +6,7 @@ the SDK client in legacy mode."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -15,7 +15,7 @@ from mcp import Client, MCPError
 
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.scripted import Scripted
+from tests.support.governance import sdk_tool_names
 
 CURATED = {
     "tools": {"include": ["echo", "slow", "fail", "gat*"], "exclude": ["gated"], "rename": {"echo": "say"},
@@ -23,18 +23,6 @@ CURATED = {
     "prompts": {"exclude": ["*"]},
     "resources": {"exclude": ["scripted://ledger/doc-2"]},
 }
-
-
-@pytest.fixture(scope="module")
-def ledger() -> Iterator[Scripted]:
-    with Scripted("ledger") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def reports() -> Iterator[Scripted]:
-    with Scripted("reports") as server:
-        yield server
 
 
 @pytest.fixture
@@ -97,14 +85,7 @@ async def test_a_renamed_tool_reaches_the_backend_under_its_own_name(gw):
 
 async def test_a_legacy_client_sees_the_same_curation(gw):
     async with Client(gw.url, mode="legacy", cache=None) as client:
-        names: list[str] = []
-        cursor = None
-        for _ in range(50):
-            page = await client.list_tools(cursor=cursor)
-            names += [t.name for t in page.tools]
-            cursor = page.next_cursor
-            if cursor is None:
-                break
+        names = await sdk_tool_names(client)
         assert sorted(n for n in names if n.startswith("ledger__")) == ["ledger__fail", "ledger__say", "ledger__slow"]
         result = await client.call_tool("ledger__say", {"text": "legacy"})
         assert result.content[0].text == "ledger: legacy"

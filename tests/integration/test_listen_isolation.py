@@ -11,9 +11,7 @@ anything the first round leaked to it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -21,8 +19,7 @@ import orjson
 from prometheus_client import REGISTRY
 
 from tests.support import mcp_http
-from tests.support.asgi import serving
-from tests.support.broadcast_backend import BroadcastBackend
+from tests.support.broadcast_backend import BroadcastBackend, served
 from tests.support.gateway import running_gateway
 from tests.support.listen import ListenReader, eventually
 from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint, ServedApp, rsa_key
@@ -34,11 +31,7 @@ RESOURCES = "notifications/resources/list_changed"
 UPDATED = "notifications/resources/updated"
 
 
-@contextlib.asynccontextmanager
-async def leaky(name: str) -> AsyncIterator[tuple[BroadcastBackend, str]]:
-    backend = BroadcastBackend(name)
-    async with serving(backend) as url:
-        yield backend, url
+leaky = served  # a BroadcastBackend on a loopback socket (tests/support/broadcast_backend.py)
 
 
 def seen(reader: ListenReader) -> list[tuple[str, str | None, Any]]:

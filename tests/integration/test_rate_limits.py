@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -22,38 +22,21 @@ from mcp.client.streamable_http import streamable_http_client
 from gateway.policies.ratelimit import RATE_LIMIT_FALLBACKS
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
-from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint, ServedApp, rsa_key
+from tests.support.governance import jwt_auth
 from tests.support.scripted import Scripted
 
 LIMIT = {"id": "per-principal", "rate": "10/s", "burst": 10, "key": ["principal"], "methods": ["tools/call"]}
 
 
 @pytest.fixture(scope="module")
-def backend() -> Iterator[Scripted]:
-    with Scripted("ledger") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def issuer() -> Issuer:
-    return Issuer(keys=[rsa_key("k1")])
-
-
-@pytest.fixture
-async def jwks_url(issuer) -> AsyncIterator[str]:
-    served = ServedApp(JwksEndpoint(issuer))
-    await served.start()
-    try:
-        yield f"{served.base}/jwks"
-    finally:
-        await served.stop()
+def backend(ledger: Scripted) -> Scripted:
+    return ledger  # the shared scripted backend (tests/integration/conftest.py)
 
 
 def settings(backend: Scripted, jwks_url: str, redis_url: str | None, redis_timeout_ms: int = 200) -> dict[str, Any]:
     config: dict[str, Any] = {
         "backends": [{"name": "ledger", "url": backend.url, "era": "modern"}],
-        "auth": {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "jwks_url": jwks_url,
-                 "authorization_servers": [ISSUER]},
+        "auth": jwt_auth(jwks_url, claims=()),
         "rate_limits": [LIMIT],
     }
     if redis_url is not None:

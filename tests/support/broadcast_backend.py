@@ -11,11 +11,13 @@ ASGI over a real socket (tests/support/asgi.py `serving`); it imports nothing fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
-from tests.support.asgi import read_body
+from tests.support.asgi import read_body, serving
 
 VERSION = "2026-07-28"
 SUB = "io.modelcontextprotocol/subscriptionId"
@@ -109,3 +111,11 @@ async def _json(send: Any, body: bytes) -> None:
 async def _event(send: Any, message: Any) -> None:
     await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(message) + b"\n\n",
                 "more_body": True})
+
+
+@contextlib.asynccontextmanager
+async def served(name: str = "leaky") -> AsyncIterator[tuple[BroadcastBackend, str]]:
+    """A `BroadcastBackend` on a real loopback socket: the backend and its /mcp URL."""
+    backend = BroadcastBackend(name)
+    async with serving(backend) as url:
+        yield backend, url

@@ -60,6 +60,7 @@ from gateway.protocol import jsonrpc as rpc  # noqa: E402
 from gateway.protocol.principal import Principal  # noqa: E402
 from gateway.protocol.request import parse_call  # noqa: E402
 from gateway.routing.table import RouteTable, Target  # noqa: E402
+from gateway.routing.views import views_of  # noqa: E402
 from gateway.settings import CacheSettings, ConfigError, load_settings  # noqa: E402
 from tests.support.fake_backend import FakeBackend, answers, discover_result  # noqa: E402
 
@@ -99,6 +100,16 @@ def backend(name: str) -> FakeBackend:
     }), name=name)
 
 
+async def fleet_and_cache() -> tuple[FakeBackend, FakeBackend, Any]:
+    """Backends a and b, discovered, and a started memory cache."""
+    a, b = backend("a"), backend("b")
+    for fake in (a, b):
+        await fake.discover()
+    cache = build_cache(CacheSettings(store="memory"))
+    await cache.start()
+    return a, b, cache
+
+
 @pytest.mark.filterwarnings("ignore")
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(section=rules, default=st.sampled_from(["allow", "deny"]), callers=principals)
@@ -112,11 +123,7 @@ def test_fuzz_denied_names_are_never_listed_or_callable_and_cuts_never_cross(sec
     ruleset = RuleSet.from_settings(config)
 
     async def run() -> None:
-        a, b = backend("a"), backend("b")
-        for fake in (a, b):
-            await fake.discover()
-        cache = build_cache(CacheSettings(store="memory"))
-        await cache.start()
+        a, b, cache = await fleet_and_cache()
         dispatcher = Dispatcher(RouteTable([Target(a, "a__"), Target(b, "b__")]), cache=cache, rules=ruleset)
         every = [f"{p}__{t}" for p in ("a", "b") for t in TOOL_NAMES]
         for principal in callers * 2:  # twice: the second round is served from the cache
@@ -134,6 +141,64 @@ def test_fuzz_denied_names_are_never_listed_or_callable_and_cuts_never_cross(sec
                         await dispatcher.dispatch(request("tools/call", principal, name=name, arguments={}))
                     assert refused.value.status == 403
         assert len(a.methods) - a.methods.count("tools/call") <= 3  # discover + pages: the cache served
+        await cache.aclose()
+
+    asyncio.run(run())
+
+
+views = st.fixed_dictionaries({}, optional={
+    "backends": st.sampled_from([["a"], ["b"], ["a", "b"]]),
+    "names": st.lists(st.sampled_from(GLOBS), min_size=1, max_size=2),
+    "authorization": st.fixed_dictionaries({"rules": rules}, optional={"default": st.sampled_from(["allow", "deny"])}),
+})
+
+
+@pytest.mark.filterwarnings("ignore")
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(section=rules, default=st.sampled_from(["allow", "deny"]), view=views, callers=principals)
+def test_fuzz_views_show_and_call_only_their_names_and_cuts_never_cross_paths(section, default, view, callers):
+    """Whatever the global rules and the view (backends, names, its own rules), through the view a
+    name outside it or denied by either rule set is never listed and never callable; the main
+    path, sharing the cache and its kept answers, still shows exactly what the global rules allow."""
+    try:
+        config = load_settings(None, auth=JWT, authorization={"default": default, "rules": section},
+                               backends=[{"name": "a", "url": "http://127.0.0.1:1/a"},
+                                         {"name": "b", "url": "http://127.0.0.1:1/b"}],
+                               views=[{"path": "/v", **view}])
+    except ConfigError:
+        assume(False)  # check-config refuses what can never match (tested in test_routing_views.py)
+    ruleset = RuleSet.from_settings(config)
+    (compiled,) = views_of(config)
+
+    def allowed_by(rule_set: RuleSet | None, principal: Principal, name: str) -> bool:
+        return rule_set is None or rule_set.allows(principal, "tools/call", name=name, backend=name.split("__")[0])
+
+    async def run() -> None:
+        a, b, cache = await fleet_and_cache()
+        table = RouteTable([Target(a, "a__"), Target(b, "b__")])
+        main = Dispatcher(table, cache=cache, rules=ruleset)
+        through_view = Dispatcher(table, cache=cache, rules=ruleset, view=compiled)
+        every = [f"{p}__{t}" for p in ("a", "b") for t in TOOL_NAMES]
+        for principal in callers * 2:  # twice: the second round is served from the cache
+            globally = {n for n in every if allowed_by(ruleset, principal, n)}
+            in_view = {n for n in every if compiled.shows_backend(n.split("__")[0]) and compiled.shows_name(n)}
+            expected = {n for n in globally & in_view if allowed_by(compiled.rules, principal, n)}
+            for dispatcher, allowed in ((through_view, expected), (main, globally)):
+                listed = {t["name"] for t in (await dispatcher.dispatch(request("tools/list", principal))
+                                              ).message["result"]["tools"]}
+                assert listed == allowed, (dispatcher is main, principal, listed, allowed)
+            for name in every:
+                call = request("tools/call", principal, name=name, arguments={})
+                if name in expected:
+                    assert "result" in (await through_view.dispatch(call)).message
+                    continue
+                with pytest.raises(rpc.McpError) as refused:
+                    await through_view.dispatch(call)
+                # Outside the view: unknown (-32602), unless a rule refused it first (403).
+                assert (refused.value.status, refused.value.code) in ((403, rpc.INVALID_REQUEST),
+                                                                      (400, rpc.INVALID_PARAMS))
+                if name in globally and name not in in_view:
+                    assert refused.value.code == rpc.INVALID_PARAMS  # never refused by the view's rules
         await cache.aclose()
 
     asyncio.run(run())
