@@ -327,8 +327,11 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
             published: list[float] = []
             user = system = 0.0
             net_rx = [0] * len(net_rx_softirqs())
+            reader_cpu = 0.0
+            reader_pids = [r.proc.pid for r in readers]
             for k in range(1, rounds + 1):
                 before = [cpu_split(pid) for pid in pids]
+                readers_before = sum(sum(cpu_split(pid)) for pid in reader_pids)
                 rx_before = net_rx_softirqs()
                 change = await http.post(f"{control}/change/tools")
                 if change.status_code != 200:
@@ -342,6 +345,7 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
                     u1, s1 = cpu_split(pid)
                     user, system = user + u1 - u, system + s1 - s
                 net_rx = [t + b - a for t, a, b in zip(net_rx, rx_before, net_rx_softirqs(), strict=True)]
+                reader_cpu += sum(sum(cpu_split(pid)) for pid in reader_pids) - readers_before
                 await asyncio.sleep(0.2)
             if recorder is not None:
                 recorder.send_signal(2)
@@ -373,6 +377,10 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
         "cpu_us_per_delivery": (user + system) / (n * rounds) * 1e6,
         "user_us_per_delivery": user / (n * rounds) * 1e6,
         "sys_us_per_delivery": system / (n * rounds) * 1e6,
+        # The readers' CPU (user+system) per delivery: what the other core spends receiving
+        # (mostly the kernel's: their reads, and the ACKs they send, whose input into the
+        # gateway's sockets loopback runs in the readers' system calls).
+        "reader_us_per_delivery": reader_cpu / (n * rounds) * 1e6,
         # NET_RX softirqs per CPU during the rounds: on which CPU packet input ran.
         "net_rx_per_cpu": net_rx,
     }
@@ -388,14 +396,14 @@ def largest_n(reserve: int = 500) -> int:
 
 
 HEADER = (f"{'steering':>8} {'N':>7} {'repl':>4} {'upstr':>5} {'all got all':>11} {'open (s)':>8} {'µs CPU/dlv (usr+sys)':>20} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'last p50':>9} {'last p99':>9} {'RSS/stream':>11}  NET_RX per CPU")
+          f"{'p50 ms':>8} {'p99 ms':>8} {'last p50':>9} {'last p99':>9} {'RSS/stream':>11} {'readers µs/dlv':>14}  NET_RX per CPU")
 
 
 def line(r: dict[str, float]) -> str:
     cpu = f"{r['cpu_us_per_delivery']:>6.1f} ({r['user_us_per_delivery']:.1f}+{r['sys_us_per_delivery']:.1f})"
     return (f"{r['steering']:>8} {r['n']:>7} {r['replicas']:>4} {r['upstreams']:>5} {str(r['complete']):>11} {r['open_s']:>8.1f} "
             f"{cpu:<21}{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
-            f"{r['last_p99_ms']:>9.1f} {r['rss_per_stream_kb']:>8.1f} KB  {'/'.join(map(str, r['net_rx_per_cpu']))}")
+            f"{r['last_p99_ms']:>9.1f} {r['rss_per_stream_kb']:>8.1f} KB {r['reader_us_per_delivery']:>14.1f}  {'/'.join(map(str, r['net_rx_per_cpu']))}")
 
 
 def main() -> int:

@@ -940,7 +940,8 @@ def wl_listen_fanout(ctx: Context) -> Report:
     rep = Report(["N", "gateway", "replicas", "loopback steering", "upstream listens", "every client got every one",
                   "open all (s)",
                   "gateway CPU µs/delivery (user+sys)", "delivery p50 ms", "delivery p99 ms",
-                  "to last client p50 ms", "to last client p99 ms", "gateway RSS per idle stream KB"])
+                  "to last client p50 ms", "to last client p99 ms", "gateway RSS per idle stream KB",
+                  "readers CPU µs/delivery", "NET_RX softirqs per CPU"])
     for n in sizes:
         rounds = 3 if ctx.args.smoke else (20 if n <= 10_000 else 10)
         for replicas, steer in ((r, m) for r in ((1,) if ctx.args.smoke else (1, 2)) for m in steerings):
@@ -967,7 +968,8 @@ def wl_listen_fanout(ctx: Context) -> Report:
                                  f"{r['cpu_us_per_delivery']:.1f} ({r['user_us_per_delivery']:.1f}+"
                                  f"{r['sys_us_per_delivery']:.1f})",
                                  f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}",
-                                 f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}"])
+                                 f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}",
+                                 f"{r['reader_us_per_delivery']:.1f}", "/".join(map(str, r["net_rx_per_cpu"]))])
                 if r["upstreams"] != 1:
                     rep.failures.append(f"{what}: the backend held {r['upstreams']} upstream listens, expected 1")
                 if not r["complete"]:

@@ -177,7 +177,7 @@ class ClientListen:
         if self._ending is not None:
             return
         granted = self._granted.get(stream_id)
-        if granted is None or not outgoing.admitted_by(granted):
+        if granted is None or not (outgoing._admitted if granted is outgoing._judged else outgoing.admitted_by(granted)):
             return
         channel = self._channel
         if channel is not None:
@@ -195,7 +195,7 @@ class ClientListen:
             if before is None:
                 before = outgoing.encode()
             if before:
-                channel.write_parts(before, self._id_json, outgoing.after)
+                channel.write_spliced(outgoing, self._id_json)
             else:
                 channel.write(outgoing.event_for(self.listen_id, self._id_json))
             self._quiet = False
