@@ -149,10 +149,10 @@ class _DirectStream:
     """A chunked response body taken over by the application (direct_stream.DirectStream): a
     write goes to the transport at once, with no ASGI message, task or queue in between, and
     later writes of the same loop pass join it at the end of the pass
-    (`WriteBatch.write_through`). Used for listen streams, where one notification is thousands
+    (`WriteBatch.write_through_marked`). Used for listen streams, where one notification is thousands
     of such writes in one pass and a burst of notifications is one write per stream."""
 
-    __slots__ = ("_protocol", "_exchange", "_transport", "_batch", "paused", "on_lost")
+    __slots__ = ("_protocol", "_exchange", "_transport", "_batch", "paused", "on_lost", "written_in")
 
     def __init__(self, protocol: Http11Protocol, exchange: _Exchange, transport: Any) -> None:
         self._protocol = protocol
@@ -163,6 +163,7 @@ class _DirectStream:
         # its high-water mark.
         self.paused = protocol.write_paused
         self.on_lost: Any = None
+        self.written_in = -1  # write_batch.MarkedWriter: the loop pass this stream last wrote in
 
     def write(self, data: bytes) -> None:
         if data:
@@ -184,7 +185,7 @@ class _DirectStream:
         if exchange.head is not None or exchange.complete or exchange.gone or transport.is_closing():
             self._send(head + middle + framing.tail)
             return
-        self._batch.write_through(transport, head + middle + framing.tail)
+        self._batch.write_through_marked(self, transport, head + middle + framing.tail)
 
     def _send(self, data: bytes) -> None:
         exchange = self._exchange
@@ -197,7 +198,7 @@ class _DirectStream:
         transport = self._transport
         if transport.is_closing():
             return
-        self._batch.write_through(transport, data)
+        self._batch.write_through_marked(self, transport, data)
 
     def finish(self, data: bytes = b"") -> None:
         exchange = self._exchange
