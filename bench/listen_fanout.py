@@ -192,10 +192,9 @@ def place(pid: int, cpu: int | None, nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
 
-# Where loopback runs the receiving side of a packet (bench/README.md "Listen fan-out: the
-# readers' TCP input off the gateway's bill"). On loopback a `write()` runs the receiver's
-# whole TCP input (its `process_backlog`: the segment queued, the ACK, the reader woken) in
-# the sender's system call, so the readers' cost lands in the gateway's system time, unlike
+# Where loopback runs the receiving side of a packet (bench/README.md "Listen fan-out, second
+# round"). On loopback a `write()` runs the receiver's whole TCP input (its `process_backlog`:
+# the segment queued, the ACK, the reader woken) in the sender's system call, so the readers' cost lands in the gateway's system time, unlike
 # over a network, where it runs on the clients' hosts.
 #   loopback: the kernel's default, as measured before (the readers' input on the gateway's bill);
 #   rps:      Receive Packet Steering on `lo` to the readers' CPU: every packet's input runs
