@@ -1,9 +1,10 @@
 """An upstream ack that comes after the client's own ack went out without it.
 
 A client's ack waits `ack_timeout_seconds` for each upstream stream it needs. An upstream
-ack can come later than that: the backend is slow, or (two replicas) the stream's lease is
-still held by a replica that was killed before it stored the ack, so the surviving replica
-takes the stream over only when that lease expires. The client's stream stays attached to the
+ack can come later than that: the backend is slow, or down at the time (its client is then
+acknowledged at once without it), or (two replicas) the stream's lease is still held by a
+replica that was killed before it stored the ack, so the surviving replica takes the stream
+over only when that lease expires. The client's stream stays attached to the
 late stream, and its ack decides (hub.ClientListen.acknowledged_late): what the client's ack
 listed is delivered from then on (with one refetch notification first); a type its ack left
 out makes the gateway close the stream without the graceful result, the spec's signal to
@@ -120,3 +121,35 @@ async def test_a_backend_acknowledged_late_is_delivered_within_what_the_ack_list
     finally:
         fast.stop()
         slow.stop()
+
+
+async def test_a_backend_down_at_listen_time_is_heard_once_it_is_back():
+    # Its listen connection is refused at once, so the client is acknowledged without it at
+    # once (test_listen_resilience.py); the stream keeps trying with backoff, and its ack, when
+    # the backend is back, grants the client what its ack already listed (the URI, which the
+    # live backend acknowledged).
+    alive = python_server("mutable_modern.py", name="mutable-alive-beside-returning").start()
+    returning = python_server("mutable_modern.py", name="mutable-returning").start()
+    uri = "mutable://config"
+    try:
+        config = {"backends": [{"name": "alive", "url": alive.url}, {"name": "returning", "url": returning.url}],
+                  "subscriptions": {"ack_timeout_seconds": 600, "reconnect_initial_seconds": 0.05,
+                                    "reconnect_max_seconds": 0.3}}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            returning.stop()
+            reader = await ListenReader(http, gw.url, {"resourceSubscriptions": [uri]}, id="r").open(timeout=30)
+            assert reader.ack["params"]["notifications"] == {"resourceSubscriptions": [uri]}
+            returning.start()
+            # Acknowledged now: the client may have missed an update of the URI meanwhile ...
+            await reader.wait_count(2)
+            assert reader.messages[1] == {"jsonrpc": "2.0", "method": "notifications/resources/updated",
+                                          "params": {"uri": uri, "_meta": {SUB: "r"}}}
+            # ... and the returned backend's updates reach it.
+            await http.post(f"{control(returning)}/touch", params={"uri": uri})
+            await reader.wait_count(3)
+            assert reader.messages[2]["params"] == {"uri": uri, "_meta": {SUB: "r"}}
+            assert not reader.ended
+            await reader.close()
+    finally:
+        alive.stop()
+        returning.stop()
