@@ -10,7 +10,8 @@ with `--replicas 2`, two gateway processes sharing a fresh redis-server through
 reader processes: plain asyncio sockets, N/2 per process, the streams spread over the
 replicas. The gateways are pinned to CPU 0, everything else (readers, backend, Redis, this
 process) to CPU 1, so that the readers' own cost is not in the gateway's figures (`--no-pin`
-to leave scheduling alone). Then:
+to leave scheduling alone); on loopback the readers' TCP input still runs in the gateway's
+`write()` unless `--steering rps` moves it to their CPU (STEERING below). Then:
 
 - memory per idle stream: the gateways' RSS once all N streams are acknowledged and idle,
   minus their RSS before the first stream, divided by N;
@@ -22,7 +23,8 @@ to leave scheduling alone). Then:
   the first publish to the last delivery, divided by N x rounds (it includes the one upstream
   notification per round, its cache invalidation and the bus).
 
-It checks what it measures: the backend must hold exactly one upstream listen, and every
+Also reported: the readers' own CPU per delivery and the NET_RX softirqs per CPU during the
+rounds (where packet input ran). It checks what it measures: the backend must hold exactly one upstream listen, and every
 stream must receive every notification. The machine may be shared: say so with the figures.
 """
 
@@ -194,8 +196,9 @@ def place(pid: int, cpu: int | None, nice: int) -> None:
 
 # Where loopback runs the receiving side of a packet (bench/README.md "Listen fan-out, second
 # round"). On loopback a `write()` runs the receiver's whole TCP input (its `process_backlog`:
-# the segment queued, the ACK, the reader woken) in the sender's system call, so the readers' cost lands in the gateway's system time, unlike
-# over a network, where it runs on the clients' hosts.
+# the segment queued, the ACK, the reader woken) in the sender's system call, so the readers'
+# cost lands in the gateway's system time, unlike over a network, where it runs on the
+# clients' hosts.
 #   loopback: the kernel's default, as measured before (the readers' input on the gateway's bill);
 #   rps:      Receive Packet Steering on `lo` to the readers' CPU: every packet's input runs
 #             there (the readers' and the ACKs to the gateway's sockets alike);

@@ -177,7 +177,11 @@ class ClientListen:
         if self._ending is not None:
             return
         granted = self._granted.get(stream_id)
-        if granted is None or not (outgoing._admitted if granted is outgoing._judged else outgoing.admitted_by(granted)):
+        if granted is None:
+            return
+        # `Outgoing.admitted_by`, its common case inline: the filter judged last, shared by most
+        # clients of the stream.
+        if not (outgoing._admitted if granted is outgoing._judged else outgoing.admitted_by(granted)):
             return
         channel = self._channel
         if channel is not None:
