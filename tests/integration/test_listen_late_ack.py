@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 import yaml
 from prometheus_client import REGISTRY
 
@@ -37,13 +38,17 @@ async def _holds(http: httpx.AsyncClient, port: int) -> bool:
     return match is not None and float(match.group(1)) == 1.0
 
 
+@pytest.mark.parametrize("http_protocol", ["gateway", "uvicorn"])
 async def test_a_listen_on_a_replica_whose_stream_lease_a_killed_replica_holds_hears_the_backend(
-    tmp_path, redis_server
+    tmp_path, redis_server, http_protocol
 ):
+    # Under either HTTP protocol: the stream is cut from the hub's callback (direct delivery)
+    # or by cancelling the request task that writes it (`server.http: uvicorn`).
     backend = python_server("mutable_modern.py", name="mutable-late-ack").start()
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({
         "backends": [{"name": "m", "url": backend.url}],
+        "server": {"http": http_protocol},
         # The client's ack waits far less than the dead holder's lease lasts.
         "subscriptions": {"redis_url": redis_server.url, "lease_seconds": 3.0, "ack_timeout_seconds": 0.3,
                           "reconnect_initial_seconds": 0.05, "reconnect_max_seconds": 0.5},
