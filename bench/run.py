@@ -936,39 +936,44 @@ def wl_listen_fanout(ctx: Context) -> Report:
     for spec in ctx.args.compare:
         label, _, tree = spec.partition("=")
         trees.append((label, tree))
-    rep = Report(["N", "gateway", "replicas", "upstream listens", "every client got every one", "open all (s)",
+    steerings = [m.strip() for m in ctx.args.listen_steering.split(",") if m.strip()]
+    rep = Report(["N", "gateway", "replicas", "loopback steering", "upstream listens", "every client got every one",
+                  "open all (s)",
                   "gateway CPU µs/delivery (user+sys)", "delivery p50 ms", "delivery p99 ms",
-                  "to last client p50 ms", "to last client p99 ms", "gateway RSS per idle stream KB"])
+                  "to last client p50 ms", "to last client p99 ms", "gateway RSS per idle stream KB",
+                  "readers CPU µs/delivery", "NET_RX softirqs per CPU"])
     for n in sizes:
         rounds = 3 if ctx.args.smoke else (20 if n <= 10_000 else 10)
-        for replicas in ((1,) if ctx.args.smoke else (1, 2)):
+        for replicas, steer in ((r, m) for r in ((1,) if ctx.args.smoke else (1, 2)) for m in steerings):
             for label, tree in trees:  # trees back to back at each size: the same machine state
-                log(f"  listen fan-out N={n} {label} x{replicas}, {rounds} rounds")
+                what = f"N={n} {label} x{replicas} steering={steer}"
+                log(f"  listen fan-out {what}, {rounds} rounds")
                 r = None
                 for attempt in (1, 2):  # once more after a failure: free ports race other tenants
                     try:
                         r = asyncio.run(listen_fanout.measure(n, rounds, replicas=replicas, tree=tree,
-                                                              pinned=not ctx.args.no_pin, nice=ctx.args.nice))
+                                                              pinned=not ctx.args.no_pin, nice=ctx.args.nice,
+                                                              steer=steer))
                         break
                     except Exception as e:  # one failed size must not cost the others their figures
-                        log(f"  N={n} {label} x{replicas} attempt {attempt} FAILED: {type(e).__name__}: {e}")
+                        log(f"  {what} attempt {attempt} FAILED: {type(e).__name__}: {e}")
                         if attempt == 2:
-                            rep.failures.append(f"N={n} {label} x{replicas}: {type(e).__name__}: {e}")
+                            rep.failures.append(f"{what}: {type(e).__name__}: {e}")
                 if r is None:
                     continue
                 r["gateway"] = label
                 rep.raw.append(r)
-                rep.rows.append([f"{n:,}", label, str(replicas), str(r["upstreams"]), str(r["complete"]),
+                rep.rows.append([f"{n:,}", label, str(replicas), steer, str(r["upstreams"]), str(r["complete"]),
                                  f"{r['open_s']:.1f}",
                                  f"{r['cpu_us_per_delivery']:.1f} ({r['user_us_per_delivery']:.1f}+"
                                  f"{r['sys_us_per_delivery']:.1f})",
                                  f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}",
-                                 f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}"])
+                                 f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}",
+                                 f"{r['reader_us_per_delivery']:.1f}", "/".join(map(str, r["net_rx_per_cpu"]))])
                 if r["upstreams"] != 1:
-                    rep.failures.append(f"N={n} {label} x{replicas}: the backend held {r['upstreams']} "
-                                        "upstream listens, expected 1")
+                    rep.failures.append(f"{what}: the backend held {r['upstreams']} upstream listens, expected 1")
                 if not r["complete"]:
-                    rep.failures.append(f"N={n} {label} x{replicas}: some clients missed notifications")
+                    rep.failures.append(f"{what}: some clients missed notifications")
                 log(f"  N={n}: " + " ".join(f"{k}={v}" for k, v in zip(rep.header[1:], rep.rows[-1][1:])))
     return rep
 
@@ -1207,6 +1212,10 @@ def main(argv=None) -> int:
     p.add_argument("--layout", choices=("shared", "split"), default="shared",
                    help="CPU pinning (see module doc)")
     p.add_argument("--no-pin", action="store_true", help="do not use taskset")
+    p.add_argument("--listen-steering", default="loopback,rps",
+                   help="listen-fanout: loopback packet steering modes, each N in each (bench/listen_fanout.py "
+                        "STEERING: loopback = the kernel's default, the readers' TCP input in the gateway's "
+                        "write(); rps = that input on the readers' CPU, as over a network; rfs)")
     p.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
                    help="niceness for every process under test and wrk (default -10 as root:"
                         " other tenants' CPU hogs then disturb less; same for every target)")

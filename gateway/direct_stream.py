@@ -21,6 +21,15 @@ from typing import Any, Protocol
 EXTENSION = "mcp_gateway.direct_stream"
 
 
+class Spliced(Protocol):
+    """An event written to many streams, each with its own bytes between `before` and
+    `after` (subscriptions/encoding.py `Outgoing`)."""
+
+    before: bytes | None
+    after: bytes
+    framed: Any
+
+
 class DirectStream(Protocol):
     """A response body written straight to its connection."""
 
@@ -34,8 +43,9 @@ class DirectStream(Protocol):
         """One body chunk, sent now (behind anything written before it)."""
         ...
 
-    def write_parts(self, before: bytes, middle: bytes, after: bytes) -> None:
-        """`before + middle + after` as one chunk, joined once."""
+    def write_spliced(self, event: Spliced, middle: bytes) -> None:
+        """`event.before + middle + event.after` as one chunk: the fan-out's write, once per
+        stream with the same `event` (the writer may keep its framing in `event.framed`)."""
         ...
 
     def finish(self, data: bytes = b"") -> None:

@@ -127,14 +127,32 @@ class _Exchange:
             waiter.set_result(None)
 
 
+class _ChunkFraming:
+    """One event's chunked framing, shared by every stream it is spliced for: the chunk head
+    (size line) and the event's bytes before the splice, per length of what is spliced in, and
+    the bytes after it with the chunk's end."""
+
+    __slots__ = ("before", "heads", "tail")
+
+    def __init__(self, before: bytes, after: bytes) -> None:
+        self.before = before
+        self.heads: dict[int, bytes] = {}
+        self.tail = after + b"\r\n"
+
+    def head(self, middle_length: int) -> bytes:
+        head = self.heads[middle_length] = (b"%x\r\n" % (len(self.before) + middle_length + len(self.tail) - 2)
+                                            + self.before)
+        return head
+
+
 class _DirectStream:
     """A chunked response body taken over by the application (direct_stream.DirectStream): a
     write goes to the transport at once, with no ASGI message, task or queue in between, and
     later writes of the same loop pass join it at the end of the pass
-    (`WriteBatch.write_through`). Used for listen streams, where one notification is thousands
+    (`WriteBatch.write_through_marked`). Used for listen streams, where one notification is thousands
     of such writes in one pass and a burst of notifications is one write per stream."""
 
-    __slots__ = ("_protocol", "_exchange", "_transport", "_batch", "paused", "on_lost")
+    __slots__ = ("_protocol", "_exchange", "_transport", "_batch", "paused", "on_lost", "written_in")
 
     def __init__(self, protocol: Http11Protocol, exchange: _Exchange, transport: Any) -> None:
         self._protocol = protocol
@@ -145,21 +163,29 @@ class _DirectStream:
         # its high-water mark.
         self.paused = protocol.write_paused
         self.on_lost: Any = None
+        self.written_in = -1  # write_batch.MarkedWriter: the loop pass this stream last wrote in
 
     def write(self, data: bytes) -> None:
         if data:
             self._send(b"%x\r\n%b\r\n" % (len(data), data))
 
-    def write_parts(self, before: bytes, middle: bytes, after: bytes) -> None:
+    def write_spliced(self, event: Any, middle: bytes) -> None:
         # The fan-out's hot path: one call per client per notification (bench/README.md
-        # "Listen fan-out at dashboard scale"), so the common case takes few steps.
+        # "Listen fan-out at dashboard scale"), so the common case takes few steps: the chunk
+        # head and tail are made once per notification and id length (`_ChunkFraming`), and a
+        # stream's chunk is two concatenations.
+        framing = event.framed
+        if framing is None:
+            framing = event.framed = _ChunkFraming(event.before, event.after)
+        head = framing.heads.get(len(middle))
+        if head is None:
+            head = framing.head(len(middle))
         exchange = self._exchange
         transport = self._transport
         if exchange.head is not None or exchange.complete or exchange.gone or transport.is_closing():
-            self._send(b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
+            self._send(head + middle + framing.tail)
             return
-        self._batch.write_through(
-            transport, b"%x\r\n%b%b%b\r\n" % (len(before) + len(middle) + len(after), before, middle, after))
+        self._batch.write_through_marked(self, transport, head + middle + framing.tail)
 
     def _send(self, data: bytes) -> None:
         exchange = self._exchange
@@ -172,7 +198,7 @@ class _DirectStream:
         transport = self._transport
         if transport.is_closing():
             return
-        self._batch.write_through(transport, data)
+        self._batch.write_through_marked(self, transport, data)
 
     def finish(self, data: bytes = b"") -> None:
         exchange = self._exchange

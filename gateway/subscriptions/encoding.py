@@ -55,7 +55,7 @@ class Outgoing:
     whether the last filter asked admits it: clients of a stream share their filter objects
     (`UpstreamListen.canonical`), so a fan-out judges each filter once, not each client."""
 
-    __slots__ = ("message", "before", "after", "_judged", "_admitted")
+    __slots__ = ("message", "before", "after", "framed", "_judged", "_admitted")
 
     def __init__(self, message: Message) -> None:
         self.message = message
@@ -63,6 +63,9 @@ class Outgoing:
         # event cannot be spliced (`event_for` encodes it per client).
         self.before: bytes | None = None
         self.after = b""
+        # The writer's own framing of `before`/`after` (direct_stream.DirectStream.write_spliced:
+        # HTTP/1.1 chunk heads per id length), made at its first client and reused for the rest.
+        self.framed: Any = None
         self._judged: Any = None
         self._admitted = False
 

@@ -41,7 +41,7 @@ from gateway.subscriptions.filters import (
     parse_request,
     union,
 )
-from gateway.subscriptions.poll import pollable
+from gateway.subscriptions.poll import minus, pollable
 from gateway.subscriptions.upstream import StreamKey, Timing, UpstreamListen
 
 if TYPE_CHECKING:
@@ -127,11 +127,44 @@ class ClientListen:
         key): the client stream itself stays open."""
         if old in self.streams:
             self.streams.remove(old)
+        late = old.late.pop(self, None)
         if new is None:
             self._granted.pop(old.id, None)
         elif new not in self.streams and not self._detached:
             self.streams.append(new)
             new.attach(self)
+            if late is not None:
+                new.wait_late(self, late)
+
+    def acknowledged_late(self, stream: UpstreamListen, granted: SubscriptionFilter) -> None:
+        """`stream` was acknowledged after this client's own ack went out without it
+        (`SubscriptionHub.listen`), and grants `granted` of what the client wanted of it.
+
+        What the client's ack listed can simply start: the client is told that list (or
+        resource) may have changed meanwhile, as after a gap, and hears the stream from now
+        on. A type its ack left out cannot be delivered on this stream (spec §Acknowledgment:
+        the ack is what the server agreed to honor), so the client is cut instead: the stream
+        ends without the graceful result, the spec's signal for "re-listen", and the new
+        listen is acknowledged with everything."""
+        if self._ending is not None or stream not in self.streams:
+            return
+        if granted.empty:
+            metrics.LATE_ACKS.labels(stream.key.backend, "nothing").inc()
+            self.streams.remove(stream)
+            stream.detach(self)
+            return
+        if minus(granted, self.honored).empty:
+            metrics.LATE_ACKS.labels(stream.key.backend, "granted").inc()
+            log.info("listen stream %r: backend %s acknowledged late; delivering it from now on",
+                     self.listen_id, stream.key.backend)
+            granted = self._granted[stream.id] = stream.canonical(granted)
+            for message in granted.notifications():
+                self.offer(stream.id, Outgoing(message))
+            return
+        log.info("listen stream %r: backend %s acknowledged late what this stream's ack did not list; "
+                 "closing it so that it re-listens", self.listen_id, stream.key.backend)
+        metrics.LATE_ACKS.labels(stream.key.backend, "relisten").inc()
+        self._cut()
 
     def tell(self, lists: frozenset[str]) -> None:
         """A reload changed what the fleet lists: `notifications/*/list_changed` for each of
@@ -147,7 +180,11 @@ class ClientListen:
         if self._ending is not None:
             return
         granted = self._granted.get(stream_id)
-        if granted is None or not outgoing.admitted_by(granted):
+        if granted is None:
+            return
+        # `Outgoing.admitted_by`, its common case inline: the filter judged last, shared by most
+        # clients of the stream.
+        if not (outgoing._admitted if granted is outgoing._judged else outgoing.admitted_by(granted)):
             return
         channel = self._channel
         if channel is not None:
@@ -165,7 +202,7 @@ class ClientListen:
             if before is None:
                 before = outgoing.encode()
             if before:
-                channel.write_parts(before, self._id_json, outgoing.after)
+                channel.write_spliced(outgoing, self._id_json)
             else:
                 channel.write(outgoing.event_for(self.listen_id, self._id_json))
             self._quiet = False
@@ -181,6 +218,10 @@ class ClientListen:
         log.warning("listen stream %r (principal %s) fell %d notifications behind; closing it so that it "
                     "re-listens", self.listen_id, self.principal, self._max)
         self._queue.clear()
+        self._cut()
+
+    def _cut(self) -> None:
+        """End the stream without the graceful result: the client sees it broken."""
         channel = self._channel
         if channel is not None:
             self._channel = None
@@ -363,18 +404,29 @@ class SubscriptionHub:
             plan = await self._plan(requested, targets)
             for key, wants in plan:
                 client.grant(self._stream(key), wants)
-            acks = await asyncio.gather(*(s.wait_ack(self.settings.ack_timeout_seconds) for s in client.streams))
-            for stream, acked in zip(client.streams, acks, strict=True):
-                client._granted[stream.id] = stream.canonical(client.granted(stream.id) & (acked or _NOTHING))
+            await asyncio.gather(*(s.wait_ack(self.settings.ack_timeout_seconds) for s in client.streams))
+            late: list[tuple[UpstreamListen, SubscriptionFilter]] = []
+            for stream in client.streams:
+                wants = client._granted[stream.id]
+                if stream.acked is None:
+                    # No ack in time: the client is acknowledged without this stream, which
+                    # stays attached; its ack, when it comes, decides (`acknowledged_late`).
+                    del client._granted[stream.id]
+                    late.append((stream, wants))
+                else:
+                    client._granted[stream.id] = stream.canonical(wants & stream.acked)
             honored = union(client._granted.values())
             client.requested, client.honored = requested, honored
         except BaseException:
             client.end(graceful=False)
             raise
         # Streams that grant nothing are left at once (they would only hold the upstream).
-        for stream in client.streams:
-            if client.granted(stream.id).empty:
+        for stream in tuple(client.streams):
+            if stream.acked is not None and client.granted(stream.id).empty:
+                client.streams.remove(stream)
                 stream.detach(client)
+        for stream, wants in late:
+            stream.wait_late(client, wants)
         client._ack = rpc.notification(ACKNOWLEDGED, {
             "_meta": {meta.SUBSCRIPTION_ID: call.id}, "notifications": honored.to_wire()})
         return Reply("gateway", stream=client)
@@ -619,10 +671,14 @@ class SubscriptionHub:
                 stream = stream or self._stream(key)
                 client.grant(stream, SubscriptionFilter(lists=wants))
             if stream is not None:
-                acked = await stream.wait_ack(self.settings.ack_timeout_seconds) or _NOTHING
+                await stream.wait_ack(self.settings.ack_timeout_seconds)
                 for sink in tuple(stream.sinks):
-                    if isinstance(sink, ClientListen):
-                        sink._granted[stream.id] = stream.canonical(sink.granted(stream.id) & acked)
+                    if not isinstance(sink, ClientListen) or stream.id not in sink._granted:
+                        continue
+                    if stream.acked is None:  # as in `listen`: its ack, when it comes, decides
+                        stream.wait_late(sink, sink._granted.pop(stream.id))
+                    else:
+                        sink._granted[stream.id] = stream.canonical(sink._granted[stream.id] & stream.acked)
         return lists
 
     # -- lifecycle ------------------------------------------------------------------------

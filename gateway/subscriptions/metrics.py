@@ -29,6 +29,13 @@ OVERFLOWS = Counter(
     "mcp_gateway_listen_overflows_total",
     "Client listen streams closed because the client did not keep up (its queue was full).",
 )
+LATE_ACKS = Counter(
+    "mcp_gateway_listen_late_acks_total",
+    "Upstream acks that came after a client's own ack went out without them, by backend and outcome "
+    "(granted: delivered from then on; relisten: the client stream was closed so that it re-listens; "
+    "nothing: the ack granted none of it).",
+    ["backend", "outcome"],
+)
 REJECTED = Counter(
     "mcp_gateway_listen_rejected_total",
     "subscriptions/listen requests refused by a limit (per_principal, total, descriptors) or during shutdown.",

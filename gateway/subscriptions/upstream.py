@@ -65,6 +65,8 @@ class Sink(Protocol):
 
     def granted(self, stream_id: str) -> SubscriptionFilter: ...
 
+    def acknowledged_late(self, stream: UpstreamListen, granted: SubscriptionFilter) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Timing:
@@ -92,6 +94,11 @@ class UpstreamListen:
         # answers False when a client attached meanwhile.
         self._retire = retire
         self.sinks: set[Sink] = set()
+        # Clients acknowledged before this stream was (its ack did not come within
+        # `ack_timeout_seconds`: a slow or down backend, or a lease still held by a replica
+        # that died before storing the ack), and what each wants of it: they stay attached,
+        # and the first ack decides what they get (hub.ClientListen.acknowledged_late).
+        self.late: dict[Sink, SubscriptionFilter] = {}
         self._filters: dict[SubscriptionFilter, SubscriptionFilter] = {}
         self._idle_since: float | None = time.monotonic()
         self.acked: SubscriptionFilter | None = None
@@ -115,6 +122,7 @@ class UpstreamListen:
 
     def detach(self, sink: Sink) -> None:
         self.sinks.discard(sink)
+        self.late.pop(sink, None)
         if not self.sinks and self._idle_since is None:
             self._idle_since = time.monotonic()
 
@@ -132,10 +140,21 @@ class UpstreamListen:
 
     # -- events from the bus (every replica, holder or not) -------------------------------
 
+    def wait_late(self, sink: Sink, wants: SubscriptionFilter) -> None:
+        """`sink` was acknowledged without this stream; the first ack decides its grant."""
+        if self.acked is not None:
+            sink.acknowledged_late(self, wants & self.acked)
+        else:
+            self.late[sink] = wants
+
     def on_ack(self, granted: SubscriptionFilter) -> None:
         self.acked = granted
         self.failing = False
         self._acked_event.set()
+        if self.late:
+            late, self.late = self.late, {}
+            for sink, wants in late.items():
+                sink.acknowledged_late(self, wants & granted)
 
     def fan_out(self, message: Message) -> None:
         """Hand `message` to every client of this stream, encoded once for all of them

@@ -164,6 +164,46 @@ async def test_write_through_sends_the_first_write_of_a_pass_at_once_and_joins_t
     assert read_now(peer) == b"next"
 
 
+class _Marked:
+    written_in = -1
+
+
+@_on_each_loop
+async def test_a_marked_writer_sends_its_first_write_of_a_pass_at_once_and_joins_the_rest(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    other, other_peer = await _pair(loop)
+    writer, other_writer = _Marked(), _Marked()
+    batch.write_through_marked(writer, transport, b"first ")
+    batch.write_through_marked(other_writer, other, b"alpha")
+    assert read_now(peer) == b"first " and read_now(other_peer) == b"alpha"
+    assert batch.held == {}  # the first writes of the pass leave no entry behind
+    batch.write_through_marked(writer, transport, b"second ")
+    batch.write_through_marked(writer, transport, b"third")
+    assert read_now(peer) == b""  # the rest of the pass is held, in order
+    await _next_passes()
+    assert read_now(peer) == b"second third"
+    # A new pass: the first write goes at once again.
+    batch.write_through_marked(writer, transport, b"next")
+    assert read_now(peer) == b"next"
+
+
+@_on_each_loop
+async def test_a_marked_writer_goes_behind_what_others_wrote_to_its_transport_in_the_pass(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    batch.write(transport, b"head ")
+    batch.write_through_marked(_Marked(), transport, b"body")
+    assert read_now(peer) == b""
+    await _next_passes()
+    assert read_now(peer) == b"head body"
+    batch.write_through(transport, b"once ")  # written at once, marked in `held`
+    batch.write_through_marked(_Marked(), transport, b"then")
+    assert read_now(peer) == b"once "
+    await _next_passes()
+    assert read_now(peer) == b"then"
+
+
 @_on_each_loop
 async def test_write_through_goes_behind_what_was_held_for_that_transport(loop):
     batch = WriteBatch(loop)
