@@ -413,9 +413,10 @@ class RootSettings(_Frozen):
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
-    # Several endpoints of one backend (beside or instead of `url`; `era: modern` only in this
-    # build): calls go to the healthy one with fewer requests in flight of two picked at random,
-    # and one that cannot be reached sends the call to another (docs/resilience.md).
+    # Several endpoints of one backend (beside or instead of `url`; Streamable HTTP of either
+    # era): modern calls go to the healthy one with fewer requests in flight of two picked at
+    # random, and one that cannot be reached sends the call to another; a legacy session is
+    # created on one chosen so and stays there until it cannot be reached (docs/resilience.md).
     urls: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None
     # Extra environment for a stdio backend. It inherits only PATH, HOME, locale, TZ, TMPDIR
@@ -585,9 +586,9 @@ class BackendSettings(_Frozen):
                                     "era must be 'legacy' or 'auto'")
         if self.resources is not None and (self.resources.rename or self.resources.descriptions):
             raise FieldError("resources", "only include and exclude apply (URIs are not renamed)")
-        if len(self.endpoint_urls) > 1 and (self.era != "modern" or self.transport == "sse"):
-            raise FieldError("urls", "several endpoints need era: modern and Streamable HTTP in this build "
-                                     "(initialize-era sessions pinned to an endpoint are not built yet)")
+        if len(self.endpoint_urls) > 1 and self.transport == "sse":
+            raise FieldError("urls", "several endpoints need Streamable HTTP (modern or legacy) in this build: "
+                                     "an HTTP+SSE session is one GET stream to one URL")
         return self
 
 

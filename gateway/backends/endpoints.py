@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from gateway.backends.health import EndpointHealth
 
 
-def choose(endpoints: list[EndpointHealth], avoid: Collection[EndpointHealth] = ()) -> EndpointHealth | None:
-    """An endpoint for the next request, or None when none is in rotation (outside `avoid`)."""
+def in_flight(endpoint: EndpointHealth) -> int:
+    return endpoint.in_flight
+
+
+def choose(endpoints: list[EndpointHealth], avoid: Collection[EndpointHealth] = (),
+           load: Callable[[EndpointHealth], int] = in_flight) -> EndpointHealth | None:
+    """An endpoint for the next request, or None when none is in rotation (outside `avoid`).
+
+    `load` is what is compared: requests in flight for a request; what a caller that places
+    something longer-lived counts instead (a legacy session: the sessions already there)."""
     now = time.monotonic()
     # Endpoints in rotation first; an ejected one is asked (`admits`) only when it could serve,
     # so that asking does not spend its half-open trial on a call that goes elsewhere.
@@ -31,4 +39,4 @@ def choose(endpoints: list[EndpointHealth], avoid: Collection[EndpointHealth] = 
     if len(ready) == 1:
         return ready[0]
     a, b = random.sample(ready, 2)
-    return a if a.in_flight <= b.in_flight else b
+    return a if load(a) <= load(b) else b

@@ -222,3 +222,12 @@ def test_the_http_sse_paths_must_not_shadow_the_endpoint():
             load_settings(None, server={"path": "/mcp/messages", "legacy_sse_path": clash})
         assert "legacy_sse_path" in str(info.value)
 
+
+
+def test_several_endpoints_serve_streamable_http_of_either_era_but_not_http_sse() -> None:
+    urls = ["http://127.0.0.1:1/mcp", "http://127.0.0.1:2/mcp"]
+    for era in ("modern", "legacy", "auto"):
+        backend = load_settings(None, backends=[{"name": "a", "urls": urls, "era": era}]).backends[0]
+        assert backend.endpoint_urls == tuple(urls)
+    with pytest.raises(ConfigError, match="HTTP\\+SSE session is one GET stream"):
+        load_settings(None, backends=[{"name": "a", "urls": urls, "transport": "sse"}])

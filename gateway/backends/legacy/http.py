@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from gateway.backends.errors import UpstreamConnectionError, UpstreamError, describe, upstream_errors
+from gateway.backends.errors import UpstreamConnectionError, UpstreamError, describe, never_sent, upstream_errors
+from gateway.backends.health import EndpointHealth
 from gateway.backends.exchange import Exchange
 from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.http1 import Http1Client, UpstreamResponse
@@ -107,6 +109,15 @@ class HttpSession(LegacySession):
         self.session_id: str | None = None
         self._readers: dict[int, asyncio.Task[None]] = {}
         self._listening: UpstreamResponse | None = None  # the GET stream `listen_stream` holds
+        # Of a backend with several endpoints: the one this session was created on (`url` is
+        # its), which hears how each of the session's requests went. The session stays on it
+        # and moves (is renewed on another, pool.py) only when it cannot be reached.
+        self.endpoint: EndpointHealth | None = None
+        # Told when that endpoint is ejected while the session still lives there (its
+        # requests time out or fail mid-answer): the backend renews the session elsewhere.
+        self.on_endpoint_ejected: Callable[[HttpSession], None] | None = None
+        # Told once when the session ends (the backend counts the sessions on each endpoint).
+        self.on_terminate: Callable[[HttpSession], None] | None = None
 
     @property
     def keeps_state(self) -> bool:
@@ -125,12 +136,37 @@ class HttpSession(LegacySession):
         return headers
 
     async def _post(self, message: Message, *, initialize: bool = False) -> UpstreamResponse:
-        response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
-                                          read_timeout=self.timeout)
+        endpoint = self.endpoint
+        try:
+            response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
+                                              read_timeout=self.timeout)
+        except rpc.McpError as exc:
+            if endpoint is not None:
+                self._endpoint_failed(endpoint, exc, moves=not initialize and "id" in message and "method" in message)
+            raise
+        if endpoint is not None:
+            if response.status >= 500:
+                endpoint.failed(f"HTTP {response.status}")
+            else:
+                endpoint.succeeded()
         if response.status == 404 and self.session_id is not None and not initialize:
             response.close()
             raise SessionExpired(self.session_id)
         return response
+
+    def _endpoint_failed(self, endpoint: EndpointHealth, exc: rpc.McpError, *, moves: bool) -> None:
+        """A request to this session's endpoint failed. One that provably never reached it
+        (no connection) moves the session: SessionExpired makes the pool renew it, on another
+        endpoint since this one now has a failure, and replay the request there, as after a 404
+        (which likewise says the request was not processed)."""
+        if exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
+            endpoint.failed(exc.message)
+        if endpoint.ejected and self.on_endpoint_ejected is not None:
+            self.on_endpoint_ejected(self)
+        if moves and never_sent(exc):
+            log.info("backend %s: endpoint %s cannot be reached: its session moves to another", self.backend,
+                     endpoint.label)
+            raise SessionExpired(self.session_id or "") from None
 
     # -- LegacySession transport ------------------------------------------------------------
 
@@ -175,6 +211,9 @@ class HttpSession(LegacySession):
             task.cancel()
 
     async def _terminate(self) -> None:
+        if self.on_terminate is not None:
+            on_terminate, self.on_terminate = self.on_terminate, None
+            on_terminate(self)
         for task in list(self._readers.values()):
             task.cancel()
         if self._listening is not None:
@@ -318,6 +357,9 @@ class HttpSession(LegacySession):
             try:
                 response = await self._get(decoder.last_event_id)
             except rpc.McpError as exc:
+                if self.endpoint is not None and never_sent(exc):
+                    # Its endpoint cannot be reached: the listen moves with a renewed session.
+                    self._endpoint_failed(self.endpoint, exc, moves=True)
                 log.info("backend %s: GET stream unavailable: %s", self.backend, exc.message)
                 await asyncio.sleep(backoff.failed())
                 continue

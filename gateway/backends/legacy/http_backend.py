@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.backends import http1, tls
+from gateway.backends.endpoints import choose
+from gateway.backends.health import EndpointHealth
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
@@ -15,6 +17,11 @@ from gateway.backends.replica import ReplicaContext
 from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.http")
+
+
+def _log_move_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.info("backend session could not move off an ejected endpoint: %s", task.exception())
 
 
 class LegacyHttpBackend(LegacyBackend):
@@ -29,6 +36,9 @@ class LegacyHttpBackend(LegacyBackend):
         context = tls.client_context(settings.tls)
         self._posts = http1.for_backend(settings, context)
         self._client = http1.for_backend(settings, context)
+        # Sessions on each endpoint (several endpoints only): what a new session's placement
+        # compares.
+        self._placed: dict[EndpointHealth, int] = {}
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -36,9 +46,63 @@ class LegacyHttpBackend(LegacyBackend):
         await self._posts.aclose()
 
     def _new_session(self, capabilities: dict[str, Any], headers: Mapping[str, str]) -> HttpSession:
-        return HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, posts=self._posts, url=self.url,
-                           headers=headers, timeout=self.settings.timeout_seconds,
-                           connect_timeout=self.settings.connect_timeout_seconds)
+        endpoint = self._endpoint_for_session() if len(self.health.endpoints) > 1 else None
+        url = self.url if endpoint is None else self.endpoint_url(endpoint)
+        session = HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, posts=self._posts,
+                              url=url, headers=headers, timeout=self.settings.timeout_seconds,
+                              connect_timeout=self.settings.connect_timeout_seconds)
+        session.endpoint = endpoint
+        if endpoint is not None:
+            session.on_endpoint_ejected = self._move
+            # Counted from its creation (handshakes under way included, or sessions opened at
+            # once would all see empty endpoints) to its end.
+            self._placed[endpoint] = self._placed.get(endpoint, 0) + 1
+            session.on_terminate = self._unplace
+        return session
+
+    def _unplace(self, session: HttpSession) -> None:
+        if session.endpoint is not None:
+            self._placed[session.endpoint] -= 1
+
+    def _move(self, session: HttpSession) -> None:
+        """Renew a session whose endpoint was ejected, once: later calls meet the new one,
+        created on an endpoint in rotation (the pool tells the listens, pool.on_renew)."""
+        session.on_endpoint_ejected = None
+        task = asyncio.ensure_future(self.pool.renew(session))
+        task.add_done_callback(_log_move_failure)
+
+    def _endpoint_for_session(self) -> EndpointHealth:
+        """Where a new session is created (and stays): power of two choices on the sessions
+        each endpoint holds, among endpoints in rotation, preferring those whose last request
+        did not fail (a session that moves away from an unreachable endpoint must not be
+        placed on it again before it is ejected)."""
+        endpoints = self.health.endpoints
+        failing = [e for e in endpoints if e.failures > 0]
+        placed = self._placed
+        load = lambda e: placed.get(e, 0)  # noqa: E731
+        endpoint = (choose(endpoints, failing, load) if len(failing) < len(endpoints) else None) or choose(
+            endpoints, (), load)
+        if endpoint is None:
+            raise self.health.unavailable()
+        return endpoint
+
+    def endpoint_url(self, endpoint: EndpointHealth) -> str:
+        return self.settings.endpoint_urls[self.health.endpoints.index(endpoint)]
+
+    async def check_endpoint(self, index: int) -> None:
+        """An initialize on a session of its own at that endpoint, ended at once (a canary,
+        when configured, runs through the backend as a whole)."""
+        if len(self.health.endpoints) == 1 or self.settings.health.canary is not None:
+            await self.health_check()
+            return
+        session = HttpSession(self.name, self.session_capabilities({}), lambda *_: None, client=self._client,
+                              posts=self._posts, url=self.settings.endpoint_urls[index],
+                              headers=self.credentials.session_headers(""), timeout=self.settings.timeout_seconds,
+                              connect_timeout=self.settings.connect_timeout_seconds)
+        try:
+            await session.open()
+        finally:
+            await session.close()
 
     async def open_channel(self, session: LegacySession) -> tuple[bool, asyncio.Task[None] | None]:
         assert isinstance(session, HttpSession)
