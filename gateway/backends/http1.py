@@ -50,6 +50,8 @@ log = logging.getLogger("gateway.backends.http1")
 KEEPALIVE_EXPIRY_SECONDS = 4.0
 # The largest answer read from a backend (BackendSettings.max_response_bytes).
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+# Pools (one per origin or address) past which the empty ones are forgotten (`_prune`).
+_PRUNE_AT = 32
 # Stop reading the socket while this much of a streamed body waits for its consumer.
 _HIGH_WATER = 256 * 1024
 
@@ -492,6 +494,8 @@ class _Pool:
 
     def __init__(self, max_idle: int, keepalive_expiry: float, clock: Callable[[], float]) -> None:
         self._idle: collections.deque[tuple[_Connection, float]] = collections.deque()
+        # Dropped from the client (`Http1Client._prune`): what comes back to it is closed.
+        self.retired = False
         self._max_idle = max_idle
         self._expiry = keepalive_expiry
         self._clock = clock
@@ -517,7 +521,7 @@ class _Pool:
         return None
 
     def put(self, connection: _Connection) -> None:
-        if len(self._idle) >= self._max_idle:
+        if len(self._idle) >= self._max_idle or self.retired:
             connection.close()
             return
         self._idle.append((connection, self._clock()))
@@ -545,7 +549,8 @@ class Http1Client:
         self._max_connections = max_connections
         # One slot per connection in use (held from request to release).
         self._slots = asyncio.Semaphore(max(max_connections, 1))
-        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        # Per origin (scheme, host, port), or (scheme, host, port, address) for an address.
+        self._pools: dict[tuple[str, ...], _Pool] = {}
         # Per URL: (origin key, request-line prefix, Host header) computed once.
         self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
         # https: the backend's context (backends/tls.py), else the system default, made once.
@@ -571,28 +576,31 @@ class Http1Client:
         return found
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
-                   request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+                   request_id: rpc.RequestId | None = None, address: str | None = None) -> UpstreamResponse:
         """Send the request and return once the response headers are in (and, when a body of
         known length follows, its first bytes: `_headers_done` says why). Raises McpError
-        (-31001 unavailable, -31002 timeout) naming the backend."""
+        (-31001 unavailable, -31002 timeout) naming the backend. `address`: connect there
+        instead of to the URL's host, which still names the Host header and the TLS server
+        (an endpoint expanded from a DNS answer, backends/resolve.py)."""
         try:
             return await self.request_raw("POST", url, headers, body=body, read_timeout=read_timeout,
-                                          request_id=request_id)
+                                          request_id=request_id, address=address)
         except UPSTREAM_FAILURES as exc:
             # upstream_errors(), without a `with` object per call on the pass-through path.
             raise gateway_error(exc, self.backend, timeout=read_timeout, request_id=request_id) from None
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
-                      read_timeout: float | None, request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+                      read_timeout: float | None, request_id: rpc.RequestId | None = None,
+                      address: str | None = None) -> UpstreamResponse:
         """Any method (the legacy transport also GETs its streams and DELETEs its session);
-        errors as `post`'s."""
+        errors and `address` as `post`'s."""
         with upstream_errors(self.backend, timeout=read_timeout, request_id=request_id):
             return await self.request_raw(method, url, headers, body=body, read_timeout=read_timeout,
-                                          request_id=request_id)
+                                          request_id=request_id, address=address)
 
     async def request_raw(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
                           read_timeout: float | None, request_id: rpc.RequestId | None = None,
-                          _fresh: bool = False) -> UpstreamResponse:
+                          address: str | None = None, _fresh: bool = False) -> UpstreamResponse:
         """`request` with the lower layer's exceptions (errors.py) left to the caller, for one
         to whom the phase of a failure matters: the era probe, where no connection
         (`ConnectError`, `ConnectTimeout`) is no verdict and a silent connection (a plain
@@ -605,8 +613,12 @@ class Http1Client:
             request = _serialize(head, headers, body)
         except (ValueError, UnicodeEncodeError) as exc:
             raise rpc.backend_unavailable(self.backend, f"the request cannot be sent: {exc}", request_id) from None
+        if address is not None:
+            origin = (origin[0], origin[1], origin[2], address)  # type: ignore[assignment]
         pool = self._pools.get(origin)
         if pool is None:
+            if len(self._pools) >= _PRUNE_AT:
+                self._prune()
             pool = self._pools[origin] = _Pool(max(self._max_connections, 1), self._keepalive_expiry,
                                                asyncio.get_running_loop().time)
         if self._slots.locked():
@@ -653,7 +665,7 @@ class Http1Client:
             log.debug("backend %s: a pooled connection was closed with the request unread; sending it again",
                       self.backend)
             return await self.request_raw(method, url, headers, body=body, read_timeout=read_timeout,
-                                          request_id=request_id, _fresh=True)
+                                          request_id=request_id, address=address, _fresh=True)
         except BaseException:
             response.close()
             raise
@@ -664,8 +676,19 @@ class Http1Client:
                 self.backend, f"content-encoding {coding!r} although the request asked for identity", request_id)
         return response
 
-    async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
-        scheme, host, port = origin
+    def _prune(self) -> None:
+        """Forget the pools that hold no idle connection: addresses come and go with a DNS
+        answer (a headless Service's pods), and their pools must not pile up."""
+        for key, pool in list(self._pools.items()):
+            if not pool._idle:
+                pool.retired = True
+                del self._pools[key]
+
+    async def _connect(self, origin: tuple[str, ...]) -> _Connection:
+        """A connection to the origin's host, or to its address when it has one (the 4th
+        item): the certificate is checked for, and SNI names, the host either way."""
+        scheme, host, port = origin[0], origin[1], origin[2]
+        peer = origin[3] if len(origin) > 3 else host
         loop = asyncio.get_running_loop()
         ssl_context: ssl.SSLContext | None = None
         if scheme == "https":
@@ -673,15 +696,15 @@ class Http1Client:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(loop), host, port, ssl=ssl_context,
+                    lambda: _Connection(loop), peer, port, ssl=ssl_context,
                     server_hostname=(self._server_name or host) if ssl_context is not None else None)
         except TimeoutError:
             raise ConnectTimeout(self._connect_timeout) from None
         except (OSError, ssl.SSLError) as exc:
             # SSLError is itself an OSError: tested first, or a failed handshake (an expired
             # certificate, a plain-HTTP port) would read as a refused connection.
-            raise ConnectError(f"TLS to {host}:{port} failed: {exc}" if isinstance(exc, ssl.SSLError)
-                               else f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+            raise ConnectError(f"TLS to {peer}:{port} failed: {exc}" if isinstance(exc, ssl.SSLError)
+                               else f"cannot connect to {peer}:{port}: {exc.strerror or exc}") from None
         return connection
 
     async def aclose(self) -> None:

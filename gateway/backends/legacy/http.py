@@ -113,6 +113,8 @@ class HttpSession(LegacySession):
         # its), which hears how each of the session's requests went. The session stays on it
         # and moves (is renewed on another, pool.py) only when it cannot be reached.
         self.endpoint: EndpointHealth | None = None
+        # The address connected to instead of the URL's host (an endpoint from a DNS answer).
+        self.address: str | None = None
         # Told when that endpoint is ejected while the session still lives there (its
         # requests time out or fail mid-answer): the backend renews the session elsewhere.
         self.on_endpoint_ejected: Callable[[HttpSession], None] | None = None
@@ -139,7 +141,7 @@ class HttpSession(LegacySession):
         endpoint = self.endpoint
         try:
             response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
-                                              read_timeout=self.timeout)
+                                              read_timeout=self.timeout, address=self.address)
         except rpc.McpError as exc:
             if endpoint is not None:
                 self._endpoint_failed(endpoint, exc, moves=not initialize and "id" in message and "method" in message)
@@ -225,7 +227,7 @@ class HttpSession(LegacySession):
             return
         # L-TR: SHOULD DELETE when done; 405 (termination not allowed) is fine.
         try:
-            response = await self.client.request("DELETE", self.url, self._headers(),
+            response = await self.client.request("DELETE", self.url, self._headers(), address=self.address,
                                                  read_timeout=self.connect_timeout)
             await response.read()
         except (rpc.McpError, UpstreamError, TimeoutError) as exc:
@@ -333,7 +335,7 @@ class HttpSession(LegacySession):
         if last_event_id is not None:
             headers["last-event-id"] = last_event_id
         try:
-            response = await self.client.request("GET", self.url, headers, read_timeout=None)
+            response = await self.client.request("GET", self.url, headers, read_timeout=None, address=self.address)
         except rpc.McpError as exc:
             raise rpc.backend_unavailable(self.backend, f"GET stream: {exc.message}") from None
         if response.status == 404 and self.session_id is not None:

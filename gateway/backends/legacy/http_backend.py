@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.backends import http1, tls
-from gateway.backends.endpoints import choose
+from gateway.backends.endpoints import HttpTarget, choose
 from gateway.backends.health import EndpointHealth
 from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
@@ -46,11 +46,12 @@ class LegacyHttpBackend(LegacyBackend):
         await self._posts.aclose()
 
     def _new_session(self, capabilities: dict[str, Any], headers: Mapping[str, str]) -> HttpSession:
-        endpoint = self._endpoint_for_session() if len(self.health.endpoints) > 1 else None
-        url = self.url if endpoint is None else self.endpoint_url(endpoint)
+        endpoint = self._endpoint_for_session() if self.spread else None
+        target = HttpTarget(self.url) if endpoint is None else endpoint.target
         session = HttpSession(self.name, capabilities, self.listens.deliver, client=self._client, posts=self._posts,
-                              url=url, headers=headers, timeout=self.settings.timeout_seconds,
+                              url=target.url, headers=headers, timeout=self.settings.timeout_seconds,
                               connect_timeout=self.settings.connect_timeout_seconds)
+        session.address = target.address
         session.endpoint = endpoint
         if endpoint is not None:
             session.on_endpoint_ejected = self._move
@@ -61,8 +62,13 @@ class LegacyHttpBackend(LegacyBackend):
         return session
 
     def _unplace(self, session: HttpSession) -> None:
-        if session.endpoint is not None:
-            self._placed[session.endpoint] -= 1
+        endpoint = session.endpoint
+        if endpoint is not None:
+            left = self._placed[endpoint] - 1
+            if left > 0:
+                self._placed[endpoint] = left
+            else:
+                del self._placed[endpoint]
 
     def _move(self, session: HttpSession) -> None:
         """Renew a session whose endpoint was ejected, once: later calls meet the new one,
@@ -86,19 +92,18 @@ class LegacyHttpBackend(LegacyBackend):
             raise self.health.unavailable()
         return endpoint
 
-    def endpoint_url(self, endpoint: EndpointHealth) -> str:
-        return self.settings.endpoint_urls[self.health.endpoints.index(endpoint)]
-
     async def check_endpoint(self, index: int) -> None:
         """An initialize on a session of its own at that endpoint, ended at once (a canary,
         when configured, runs through the backend as a whole)."""
-        if len(self.health.endpoints) == 1 or self.settings.health.canary is not None:
+        if not self.spread or self.settings.health.canary is not None:
             await self.health_check()
             return
+        target = self.health.endpoints[index].target
         session = HttpSession(self.name, self.session_capabilities({}), lambda *_: None, client=self._client,
-                              posts=self._posts, url=self.settings.endpoint_urls[index],
+                              posts=self._posts, url=target.url,
                               headers=self.credentials.session_headers(""), timeout=self.settings.timeout_seconds,
                               connect_timeout=self.settings.connect_timeout_seconds)
+        session.address = target.address
         try:
             await session.open()
         finally:
