@@ -140,6 +140,9 @@ class EndpointHealth:
         if first:
             log.warning("backend %s: endpoint %s ejected for %gs: %s", self.backend.name, self.label, seconds, reason)
         self._mark(False)
+        if first:
+            for listener in self.backend.ejection_listeners:
+                listener(self)
 
     def _restore(self) -> None:
         was_ejected = self.ejected_until != 0.0
@@ -174,6 +177,9 @@ class BackendHealth:
         self.ejected = False
         self.up: bool | None = None
         self.listeners: list[Listener] = []
+        # Told of each endpoint as it is ejected (a backend that keeps something on an
+        # endpoint, a legacy session, moves it).
+        self.ejection_listeners: list[Callable[[EndpointHealth], None]] = []
 
     # -- the request path -------------------------------------------------------------
 

@@ -111,3 +111,33 @@ async def test_legacy_sessions_spread_over_two_endpoints_stay_on_theirs_and_move
                        for line in metrics.splitlines())
 
         await eventually(first_down, timeout=5)
+
+
+async def test_each_legacy_endpoint_is_checked_by_a_ping_on_its_own_session_and_returns(servers) -> None:
+    first, second = servers
+    settings = {"backends": [{"name": "pair", "urls": [first.url, second.url], "era": "legacy",
+                              "health": {"check_interval_seconds": 0.2, "check_timeout_seconds": 1,
+                                         "failed_checks": 2, "base_ejection_seconds": 60}}]}
+    async with running_gateway(settings) as gw, httpx.AsyncClient(trust_env=False, timeout=20) as client:
+        for caps in CAPABILITY_SETS[:3]:  # sessions on both endpoints
+            assert await echo(client, gw.url, caps, "x") == "x"
+        a, b = await sessions_of(first), await sessions_of(second)
+        assert a["minted"] and b["minted"]
+        await asyncio.sleep(1.0)  # about five rounds of checks
+        a2, b2 = await sessions_of(first), await sessions_of(second)
+        # The checks pinged the pooled sessions (their request counts grew) and opened none.
+        assert (len(a2["minted"]), len(b2["minted"])) == (len(a["minted"]), len(b["minted"]))
+        assert sum(a2["requests"].values()) > sum(a["requests"].values())
+        assert sum(b2["requests"].values()) > sum(b["requests"].values())
+
+        async def first_is(value: float) -> bool:
+            metrics = (await client.get(f"{gw.base}/metrics")).text
+            label = f'endpoint="http://127.0.0.1:{first.port}"'
+            return any(line.startswith("mcp_gateway_backend_endpoint_up{") and label in line
+                       and line.endswith(f" {value}") for line in metrics.splitlines())
+
+        first.stop(signal.SIGTERM)
+        await eventually(lambda: first_is(0.0), timeout=5)  # the checks alone eject it
+        first.start()
+        await eventually(lambda: first_is(1.0), timeout=5)  # and bring it back
+        assert (await sessions_of(first))["minted"]  # by an initialize of its own there

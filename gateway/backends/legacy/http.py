@@ -115,9 +115,6 @@ class HttpSession(LegacySession):
         self.endpoint: EndpointHealth | None = None
         # The address connected to instead of the URL's host (an endpoint from a DNS answer).
         self.address: str | None = None
-        # Told when that endpoint is ejected while the session still lives there (its
-        # requests time out or fail mid-answer): the backend renews the session elsewhere.
-        self.on_endpoint_ejected: Callable[[HttpSession], None] | None = None
         # Told once when the session ends (the backend counts the sessions on each endpoint).
         self.on_terminate: Callable[[HttpSession], None] | None = None
 
@@ -163,8 +160,6 @@ class HttpSession(LegacySession):
         (which likewise says the request was not processed)."""
         if exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
             endpoint.failed(exc.message)
-        if endpoint.ejected and self.on_endpoint_ejected is not None:
-            self.on_endpoint_ejected(self)
         if moves and never_sent(exc):
             log.info("backend %s: endpoint %s cannot be reached: its session moves to another", self.backend,
                      endpoint.label)

@@ -14,6 +14,7 @@ from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
 from gateway.backends.replica import ReplicaContext
+from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.http")
@@ -54,7 +55,6 @@ class LegacyHttpBackend(LegacyBackend):
         session.address = target.address
         session.endpoint = endpoint
         if endpoint is not None:
-            session.on_endpoint_ejected = self._move
             # Counted from its creation (handshakes under way included, or sessions opened at
             # once would all see empty endpoints) to its end.
             self._placed[endpoint] = self._placed.get(endpoint, 0) + 1
@@ -70,10 +70,21 @@ class LegacyHttpBackend(LegacyBackend):
             else:
                 del self._placed[endpoint]
 
+    async def start(self) -> None:
+        await super().start()
+        # Registered here, not at construction: an `era: auto` backend hands its delegate its
+        # own health before starting it (detect.AutoBackend).
+        if self.spread and self._endpoint_ejected not in self.health.ejection_listeners:
+            self.health.ejection_listeners.append(self._endpoint_ejected)
+
+    def _endpoint_ejected(self, endpoint: EndpointHealth) -> None:
+        """The sessions on an ejected endpoint move: later calls meet their renewals, created on
+        an endpoint in rotation (the pool tells the listens, pool.on_renew)."""
+        for session in self.pool.sessions():
+            if isinstance(session, HttpSession) and session.endpoint is endpoint and not session.closed:
+                self._move(session)
+
     def _move(self, session: HttpSession) -> None:
-        """Renew a session whose endpoint was ejected, once: later calls meet the new one,
-        created on an endpoint in rotation (the pool tells the listens, pool.on_renew)."""
-        session.on_endpoint_ejected = None
         task = asyncio.ensure_future(self.pool.renew(session))
         task.add_done_callback(_log_move_failure)
 
@@ -93,12 +104,28 @@ class LegacyHttpBackend(LegacyBackend):
         return endpoint
 
     async def check_endpoint(self, index: int) -> None:
-        """An initialize on a session of its own at that endpoint, ended at once (a canary,
-        when configured, runs through the backend as a whole)."""
+        """A `ping` on a pooled session at that endpoint, or where it holds none, an initialize
+        on a session of its own, ended at once (a canary, when configured, runs through the
+        backend as a whole)."""
         if not self.spread or self.settings.health.canary is not None:
             await self.health_check()
             return
-        target = self.health.endpoints[index].target
+        endpoint = self.health.endpoints[index]
+        pooled = next((s for s in self.pool.sessions()
+                       if isinstance(s, HttpSession) and s.endpoint is endpoint and not s.closed), None)
+        if pooled is not None:
+            try:
+                exchange = await pooled.request("ping", {})
+                answer = await exchange.next(self.settings.health.check_timeout_seconds)
+            except SessionExpired:
+                # The endpoint forgot the session (it restarted), or cannot be reached: the
+                # session is renewed, and the endpoint judged by an initialize of its own.
+                self._move(pooled)
+            else:
+                if "result" not in answer:
+                    raise rpc.backend_unavailable(self.name, f"ping at {endpoint.label} failed: {answer.get('error')}")
+                return
+        target = endpoint.target
         session = HttpSession(self.name, self.session_capabilities({}), lambda *_: None, client=self._client,
                               posts=self._posts, url=target.url,
                               headers=self.credentials.session_headers(""), timeout=self.settings.timeout_seconds,
