@@ -234,3 +234,67 @@ async def test_a_hostname_with_several_addresses_is_an_endpoint_per_address_that
 
 async def _has(series: Any, labels: set[str]) -> bool:
     return set(await series()) == labels
+
+
+class AddressedProc(Proc):
+    """A legacy fixture server bound to one loopback address (Proc waits on 127.0.0.1)."""
+
+    def __init__(self, address: str, port: int) -> None:
+        from tests.support import legacy_venv
+
+        super().__init__([legacy_venv.legacy_python(), str(ROOT / "tests/fixtures/servers/legacy_everything.py"),
+                          "--host", address, "--port", str(port)], port, name=f"legacy-{address}")
+        self.address = address
+
+    def start(self, timeout: float = 20.0) -> Proc:
+        import time
+
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection((self.address, self.port), timeout=0.2):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start: {self.output()[-2000:]}")
+
+
+async def test_legacy_sessions_are_placed_on_the_addresses_of_the_answer(tmp_path):
+    from tests.integration.test_legacy_endpoints import CAPABILITY_SETS, echo
+
+    port = free_port()
+    servers = [AddressedProc(a, port) for a in ("127.0.0.2", "127.0.0.3")]
+    for server in servers:
+        await asyncio.to_thread(server.start)
+    hosts = HostsFile(tmp_path / "hosts")
+    hosts.set("127.0.0.2", "127.0.0.3")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"backends": [{
+        "name": "svc", "url": f"http://{HOST}:{port}/mcp", "era": "legacy", "retries": 0,
+        "resolve": {"interval_seconds": 0.2}, "health": {"check_interval_seconds": 0}}]}))
+    gateway = gateway_with_hosts(config, hosts.path)
+    await asyncio.to_thread(gateway.start)
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=20) as client:
+            metrics_url = f"http://127.0.0.1:{gateway.port}/metrics"
+
+            async def expanded() -> bool:
+                return set(endpoint_series((await client.get(metrics_url)).text)) == {
+                    f"127.0.0.2:{port}", f"127.0.0.3:{port}"}
+
+            await eventually(expanded, timeout=10)
+            url = f"http://127.0.0.1:{gateway.port}/mcp"
+            for n, caps in enumerate(CAPABILITY_SETS[:8]):
+                assert await echo(client, url, caps, str(n)) == str(n)
+            states = []
+            for server in servers:
+                response = await client.get(f"http://{server.address}:{port}/sessions")
+                states.append(response.json())
+    finally:
+        await asyncio.to_thread(gateway.stop)
+        for server in servers:
+            await asyncio.to_thread(server.stop)
+    # Each address holds sessions of its own, and saw requests only for those.
+    assert all(state["minted"] for state in states), states
+    assert all(state["foreign"] == 0 for state in states), states
