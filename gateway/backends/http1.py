@@ -141,7 +141,7 @@ class _Connection(asyncio.Protocol):
         response = self.response
         if response is not None and not response.answered:
             # The peer closed with no byte of an answer: whether it read the request decides
-            # whether the request may be sent again (`_unanswered_close`).
+            # whether the request may be sent again (`_judge_fin`).
             self.open = False
             if self._judge_fin(final=self.tls):
                 return None
