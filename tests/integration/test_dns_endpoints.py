@@ -271,7 +271,9 @@ async def test_legacy_sessions_are_placed_on_the_addresses_of_the_answer(tmp_pat
     hosts.set("127.0.0.2", "127.0.0.3")
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({"backends": [{
-        "name": "svc", "url": f"http://{HOST}:{port}/mcp", "era": "legacy", "retries": 0,
+        # era: auto: the probe picks the legacy delegate, which shares the backend's health
+        # (the endpoint set the DNS watch changes, detect.AutoBackend).
+        "name": "svc", "url": f"http://{HOST}:{port}/mcp", "era": "auto", "retries": 0,
         "resolve": {"interval_seconds": 0.2}, "health": {"check_interval_seconds": 0}}]}))
     gateway = gateway_with_hosts(config, hosts.path)
     await asyncio.to_thread(gateway.start)
