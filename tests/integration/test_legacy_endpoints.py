@@ -24,7 +24,7 @@ from tests.support import legacy_venv
 from tests.support.gateway import running_gateway
 from tests.support.listen import eventually
 from tests.support.mcp_http import post
-from tests.support.procs import Proc
+from tests.support.procs import Proc, refused_url
 
 # Twelve capability sets a modern client may declare: each makes a legacy session of its own
 # (the pool keys sessions by what they declare, translate.session_capabilities).
@@ -141,3 +141,15 @@ async def test_each_legacy_endpoint_is_checked_by_a_ping_on_its_own_session_and_
         first.start()
         await eventually(lambda: first_is(1.0), timeout=5)  # and bring it back
         assert (await sessions_of(first))["minted"]  # by an initialize of its own there
+
+
+async def test_a_session_whose_endpoint_is_down_from_the_start_is_made_on_another(servers) -> None:
+    first, _ = servers
+    # The first endpoint never listens; no retries, and it is never ejected by these calls:
+    # only the new session's move to the other endpoint can answer them.
+    settings = {"backends": [{"name": "pair", "urls": [refused_url(), first.url], "era": "legacy", "retries": 0,
+                              "health": {"consecutive_failures": 100, "check_interval_seconds": 0}}]}
+    async with running_gateway(settings) as gw, httpx.AsyncClient(trust_env=False, timeout=20) as client:
+        answers = [await echo(client, gw.url, caps, str(n)) for n, caps in enumerate(CAPABILITY_SETS[:6])]
+        assert answers == [str(n) for n in range(6)]
+        assert len((await sessions_of(first))["minted"]) >= 6

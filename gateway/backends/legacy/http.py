@@ -117,6 +117,9 @@ class HttpSession(LegacySession):
         self.address: str | None = None
         # Told once when the session ends (the backend counts the sessions on each endpoint).
         self.on_terminate: Callable[[HttpSession], None] | None = None
+        # Asked for another endpoint when the initialize cannot reach this one (a session not
+        # yet made can go anywhere): it re-targets the session and says whether it did.
+        self.replace_endpoint: Callable[[HttpSession], bool] | None = None
 
     @property
     def keeps_state(self) -> bool:
@@ -168,7 +171,14 @@ class HttpSession(LegacySession):
     # -- LegacySession transport ------------------------------------------------------------
 
     async def _initialize(self, message: Message) -> Message:
-        response = await self._post(message, initialize=True)
+        while True:
+            try:
+                response = await self._post(message, initialize=True)
+                break
+            except rpc.McpError as exc:
+                # Each endpoint it cannot reach has a failure by now, so the next choice avoids it.
+                if not never_sent(exc) or self.replace_endpoint is None or not self.replace_endpoint(self):
+                    raise
         session_id = response.headers.get("mcp-session-id")
         if session_id:
             self.session_id = session_id

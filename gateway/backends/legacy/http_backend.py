@@ -59,7 +59,19 @@ class LegacyHttpBackend(LegacyBackend):
             # once would all see empty endpoints) to its end.
             self._placed[endpoint] = self._placed.get(endpoint, 0) + 1
             session.on_terminate = self._unplace
+            session.replace_endpoint = self._replace_endpoint
         return session
+
+    def _replace_endpoint(self, session: HttpSession) -> bool:
+        """Another endpoint for a session whose initialize could not reach its own: one
+        without a failure, or False when every endpoint has one (the error then stands)."""
+        endpoint = self._endpoint_for_session()
+        if endpoint is session.endpoint or endpoint.failures > 0:
+            return False
+        self._unplace(session)
+        self._placed[endpoint] = self._placed.get(endpoint, 0) + 1
+        session.endpoint, session.url, session.address = endpoint, endpoint.target.url, endpoint.target.address
+        return True
 
     def _unplace(self, session: HttpSession) -> None:
         endpoint = session.endpoint
