@@ -24,7 +24,8 @@ from tests.support import legacy_venv
 from tests.support.gateway import running_gateway
 from tests.support.listen import eventually
 from tests.support.mcp_http import post
-from tests.support.procs import Proc, refused_url
+from tests.support.procs import Proc
+from tests.support.raw_http import full_backlog
 
 # Twelve capability sets a modern client may declare: each makes a legacy session of its own
 # (the pool keys sessions by what they declare, translate.session_capabilities).
@@ -145,11 +146,19 @@ async def test_each_legacy_endpoint_is_checked_by_a_ping_on_its_own_session_and_
 
 async def test_a_session_whose_endpoint_is_down_from_the_start_is_made_on_another(servers) -> None:
     first, _ = servers
-    # The first endpoint never listens; no retries, and it is never ejected by these calls:
-    # only the new session's move to the other endpoint can answer them.
-    settings = {"backends": [{"name": "pair", "urls": [refused_url(), first.url], "era": "legacy", "retries": 0,
-                              "health": {"consecutive_failures": 100, "check_interval_seconds": 0}}]}
-    async with running_gateway(settings) as gw, httpx.AsyncClient(trust_env=False, timeout=20) as client:
-        answers = [await echo(client, gw.url, caps, str(n)) for n, caps in enumerate(CAPABILITY_SETS[:6])]
-        assert answers == [str(n) for n in range(6)]
-        assert len((await sessions_of(first))["minted"]) >= 6
+    # The first endpoint takes no connection (a full accept queue: each connect hangs until
+    # connect_timeout_seconds, so every session below is placed before any of them fails);
+    # no retries, and never ejected by these calls: only a new session's move to the other
+    # endpoint can answer them.
+    with full_backlog() as silent:
+        settings = {"backends": [{"name": "pair", "urls": [silent, first.url], "era": "legacy", "retries": 0,
+                                  "connect_timeout_seconds": 0.5,
+                                  "health": {"consecutive_failures": 100, "check_interval_seconds": 0}}]}
+        async with running_gateway(settings, discover=False) as gw, httpx.AsyncClient(trust_env=False,
+                                                                                     timeout=20) as client:
+            # Six sessions opened at once are placed three and three: three first try the
+            # endpoint that takes no connection.
+            answers = await asyncio.gather(*(echo(client, gw.url, caps, str(n))
+                                             for n, caps in enumerate(CAPABILITY_SETS[:6])))
+            assert answers == [str(n) for n in range(6)]
+            assert len((await sessions_of(first))["minted"]) == 6
