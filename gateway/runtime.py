@@ -20,6 +20,7 @@ from typing import Any
 from gateway.backends import create_backend
 from gateway.backends.base import Backend, Reply
 from gateway.backends.health_checks import HealthChecks
+from gateway.backends.resolve import AddressWatches
 from gateway.backends.replica import ReplicaContext
 from gateway.cache import ResponseCache
 from gateway.cache.factory import build_cache
@@ -118,6 +119,8 @@ class Runtime:
         self._drains: dict[asyncio.Task[None], Backend] = {}
         # Active health checks (backends/health_checks.py); their state feeds /readyz.
         self.health_checks = HealthChecks(built)
+        # DNS expansion of `backends[].resolve` backends into endpoints (backends/resolve.py).
+        self.address_watches = AddressWatches(built)
         self.shutting_down = False
         # What /readyz reads: kept by background checks, never probed on the request.
         self.readiness = BackendStates((b.name for b in built), settings.server.readiness)
@@ -169,6 +172,7 @@ class Runtime:
         if self.rate_limits is not None:
             await self.rate_limits.start()
         await self.hub.start()
+        self.address_watches.start()
         # Learn capabilities in the background: a backend that is down at start-up must not
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
@@ -246,6 +250,7 @@ class Runtime:
                               (b.name for b in backends if b.name not in known))
         await self.readiness_checks.follow(backends)
         await self.health_checks.follow(backends)
+        await self.address_watches.follow(backends)
         # New backends' capabilities first (bounded by each one's list deadline): the hub
         # needs them to attach listeners and to say which lists changed.
         await self.discover_all(timeout=max((b.settings.list_timeout_seconds for b in fresh), default=1.0),
@@ -274,6 +279,7 @@ class Runtime:
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
         await self.health_checks.aclose()
+        await self.address_watches.aclose()
         await self.hub.aclose()
         await self.cache.aclose()
         if self.rate_limits is not None:

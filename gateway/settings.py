@@ -379,6 +379,15 @@ class HealthSettings(_Frozen):
     canary: CanarySettings | None = None
 
 
+class ResolveSettings(_Frozen):
+    """DNS expansion of a backend's URLs (docs/resilience.md "Several endpoints"): each
+    hostname is resolved by the system resolver, every address it has becomes an endpoint
+    (connected to directly, with the URL's Host header and TLS name), and the answer is asked
+    again every interval. Off unless set: see the docs for why."""
+
+    interval_seconds: Annotated[float, Field(gt=0)] = 30.0
+
+
 class CurationSettings(_Frozen):
     """What a backend shows of its tools, prompts or resources (routing/curation.py), by its
     own names (resources: URIs), before the prefix."""
@@ -421,9 +430,10 @@ class RootSettings(_Frozen):
 class BackendSettings(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z0-9-]+$", min_length=1, max_length=63)]
     url: str | None = None
-    # Several endpoints of one backend (beside or instead of `url`; `era: modern` only in this
-    # build): calls go to the healthy one with fewer requests in flight of two picked at random,
-    # and one that cannot be reached sends the call to another (docs/resilience.md).
+    # Several endpoints of one backend (beside or instead of `url`; Streamable HTTP of either
+    # era): modern calls go to the healthy one with fewer requests in flight of two picked at
+    # random, and one that cannot be reached sends the call to another; a legacy session is
+    # created on one chosen so and stays there until it cannot be reached (docs/resilience.md).
     urls: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None
     # Extra environment for a stdio backend. It inherits only PATH, HOME, locale, TZ, TMPDIR
@@ -493,6 +503,9 @@ class BackendSettings(_Frozen):
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
     # -- resilience (docs/resilience.md) --
     health: HealthSettings = HealthSettings()
+    # A hostname in `url`/`urls` resolved into one endpoint per address and re-resolved
+    # (a Kubernetes headless Service); IP literals are left as they are.
+    resolve: ResolveSettings | None = None
     # Calls in flight to this backend at once (None: no limit). Past it a call waits up to
     # `queue_wait_seconds` in a queue of `max_queued_calls`, then fails with -31004 (HTTP 503).
     max_concurrent_calls: Annotated[int, Field(gt=0)] | None = None
@@ -604,9 +617,12 @@ class BackendSettings(_Frozen):
                                     "era must be 'legacy' or 'auto'")
         if self.resources is not None and (self.resources.rename or self.resources.descriptions):
             raise FieldError("resources", "only include and exclude apply (URIs are not renamed)")
-        if len(self.endpoint_urls) > 1 and (self.era != "modern" or self.transport == "sse"):
-            raise FieldError("urls", "several endpoints need era: modern and Streamable HTTP in this build "
-                                     "(initialize-era sessions pinned to an endpoint are not built yet)")
+        if self.resolve is not None and self.url is None:
+            raise FieldError("resolve", "applies to 'url' backends only")
+        if (len(self.endpoint_urls) > 1 or self.resolve is not None) and self.transport == "sse":
+            raise FieldError("resolve" if self.resolve is not None and len(self.endpoint_urls) == 1 else "urls",
+                             "several endpoints need Streamable HTTP (modern or legacy) in this build: "
+                             "an HTTP+SSE session is one GET stream to one URL")
         return self
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from gateway.backends import detect
+from gateway.protocol import jsonrpc as rpc
 from gateway.backends.base import Backend
 from gateway.backends.legacy.wiring import LEGACY_BACKENDS  # the legacy era (1 of 2)
 from gateway.backends.modern import ModernHttpBackend
@@ -77,4 +78,11 @@ def create_backend(settings: BackendSettings, replica: ReplicaContext | None = N
     async def probe() -> detect.Kind:
         return await detect.probe_http(settings)
 
-    return detect.AutoBackend(settings, probe=probe, make=lambda kind: _build(_HTTP_KINDS[kind], settings, replica))
+    def make(kind: detect.Kind) -> Backend:
+        if kind == "legacy-sse" and len(settings.endpoint_urls) > 1:
+            # Validation refuses `transport: sse` with `urls`; a probe that finds it is told so.
+            raise rpc.backend_protocol_error(settings.name, "it speaks HTTP+SSE (2024-11-05), whose session is one "
+                                             "GET stream to one URL: several `urls` need Streamable HTTP")
+        return _build(_HTTP_KINDS[kind], settings, replica)
+
+    return detect.AutoBackend(settings, probe=probe, make=make)

@@ -23,6 +23,7 @@ import orjson
 
 from gateway.backends.concurrency import CallLimiter
 from gateway.backends.health import BackendHealth
+from gateway.backends.endpoints import HttpTarget
 from gateway.backends.retry import RetryBudget, send_with_retries
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
@@ -126,7 +127,9 @@ class Backend(abc.ABC):
         self.last_error: str | None = None
         # Remembered health and the concurrency bound (docs/resilience.md): built from the
         # settings alone, so a reload that keeps these settings can keep this backend whole.
-        self.health = BackendHealth(settings.name, settings.health, self.endpoint_labels())
+        self.health = BackendHealth(settings.name, settings.health, self.endpoint_labels(), self.endpoint_targets())
+        if settings.resolve is not None:
+            self.health.reported_per_endpoint()  # its set changes with the DNS answer (resolve.py)
         self.limiter = (None if settings.max_concurrent_calls is None else CallLimiter(
             settings.name, settings.max_concurrent_calls, max_queued=settings.max_queued_calls,
             wait=settings.queue_wait_seconds))
@@ -144,6 +147,17 @@ class Backend(abc.ABC):
             # Two endpoints on one origin (different paths) are told apart by their whole URL.
             return origins if len(set(origins)) == len(origins) else self.settings.endpoint_urls
         return ("process",)
+
+    def endpoint_targets(self) -> tuple[HttpTarget, ...] | None:
+        """Where each endpoint's requests go (HTTP backends: its URL), beside its label."""
+        if self.settings.url is None:
+            return None
+        return tuple(HttpTarget(url) for url in self.settings.endpoint_urls)
+
+    @property
+    def spread(self) -> bool:
+        """Whether calls choose among endpoints (several URLs, or a DNS answer's addresses)."""
+        return len(self.settings.endpoint_urls) > 1 or self.settings.resolve is not None
 
     async def check_endpoint(self, index: int) -> None:
         """An active check of one endpoint; a backend with one endpoint checks itself."""

@@ -217,11 +217,21 @@ class AutoBackend(Backend):
                 era: Kind = await self._probe()
                 if era not in self._delegates:
                     backend = self._make(era)
+                    # One remembered health for the backend, whoever serves it: the delegate
+                    # reports its endpoints' outcomes where the checks, the dispatcher and
+                    # the DNS expansion (resolve.py) read and change them.
+                    backend.health = self.health
                     await backend.start()
                     self._delegates[era] = backend
                 log.info("backend %s: speaks the %s", self.name, _SPOKEN[era])
                 self.era = era
             return self._delegates[self.era]
+
+    async def check_endpoint(self, index: int) -> None:
+        if self.era is None or not self.spread:
+            await self.health_check()
+            return
+        await self._delegates[self.era].check_endpoint(index)
 
     async def send(self, call: Call) -> Reply:
         delegate = await self._delegate()

@@ -44,6 +44,12 @@ class UpstreamConnectionError(UpstreamError):
     not HTTP."""
 
 
+class RequestNotRead(UpstreamConnectionError):
+    """The connection closed with no answer and the kernel's evidence (a RST for the request's
+    bytes) says the backend did not read the request: it may be sent again whatever its method
+    (http1.py, `_Connection.eof_received`)."""
+
+
 class ResponseTooLarge(UpstreamError):
     """The answer (a whole body, or one SSE event) passed the backend's `max_response_bytes`:
     the connection is closed rather than read on, so that a broken or hostile backend cannot
@@ -88,7 +94,7 @@ def gateway_error(exc: BaseException, backend: str, *, timeout: float | None,
         return rpc.backend_protocol_error(backend, describe(exc), request_id)
     if isinstance(exc, UpstreamError):  # ConnectError, UpstreamConnectionError
         error = rpc.backend_unavailable(backend, f"{what}: {describe(exc)}" if what else describe(exc), request_id)
-        return mark_never_sent(error) if isinstance(exc, ConnectError) else error
+        return mark_never_sent(error) if isinstance(exc, (ConnectError, RequestNotRead)) else error
     return None
 
 

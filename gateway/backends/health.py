@@ -23,9 +23,11 @@ dispatcher and the checks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
@@ -39,15 +41,20 @@ Listener = Callable[[str, bool, str | None], None]
 
 class EndpointHealth:
     """One endpoint's outlier state. `ejected_until` is 0.0 while in rotation; `up` is None
-    until something (a call or a check) has said how it is."""
+    until something (a call or a check) has said how it is. `target` is what the backend
+    sends to (an `endpoints.HttpTarget`, a process), opaque here."""
 
-    __slots__ = ("backend", "label", "settings", "failures", "failed_checks", "ejections", "ejected_until",
-                 "last_ejected", "reason", "up", "trial_until", "in_flight")
+    __slots__ = ("backend", "label", "settings", "target", "removed", "failures", "failed_checks", "ejections",
+                 "ejected_until", "last_ejected", "reason", "up", "trial_until", "in_flight")
 
-    def __init__(self, backend: BackendHealth, label: str, settings: HealthSettings) -> None:
+    def __init__(self, backend: BackendHealth, label: str, settings: HealthSettings, target: Any = None) -> None:
         self.backend = backend
         self.label = label
         self.settings = settings
+        self.target = target
+        # Out of the endpoint set (its address left the DNS answer): what is under way on it
+        # finishes, and nothing it reports reaches the backend's state or the metrics.
+        self.removed = False
         self.failures = 0
         self.failed_checks = 0
         self.ejections = 0
@@ -133,6 +140,9 @@ class EndpointHealth:
         if first:
             log.warning("backend %s: endpoint %s ejected for %gs: %s", self.backend.name, self.label, seconds, reason)
         self._mark(False)
+        if first:
+            for listener in self.backend.ejection_listeners:
+                listener(self)
 
     def _restore(self) -> None:
         was_ejected = self.ejected_until != 0.0
@@ -145,6 +155,8 @@ class EndpointHealth:
         self._mark(True)
 
     def _mark(self, up: bool) -> None:
+        if self.removed:
+            return
         if self.up is not up:
             self.up = up
             metrics.BACKEND_ENDPOINT_UP.labels(self.backend.name, self.label).set(1 if up else 0)
@@ -154,15 +166,20 @@ class EndpointHealth:
 class BackendHealth:
     """A backend's endpoints' health, and what the rest of the gateway asks of it."""
 
-    def __init__(self, name: str, settings: HealthSettings, endpoints: tuple[str, ...] = ("default",)) -> None:
+    def __init__(self, name: str, settings: HealthSettings, endpoints: tuple[str, ...] = ("default",),
+                 targets: Sequence[Any] | None = None) -> None:
         self.name = name
         self.settings = settings
-        self.endpoints = [EndpointHealth(self, label, settings) for label in endpoints]
+        self.endpoints = [EndpointHealth(self, label, settings, None if targets is None else targets[i])
+                          for i, label in enumerate(endpoints)]
         self._single = self.endpoints[0] if len(self.endpoints) == 1 else None
         # True when no endpoint is in rotation: the one flag the hot path reads.
         self.ejected = False
         self.up: bool | None = None
         self.listeners: list[Listener] = []
+        # Told of each endpoint as it is ejected (a backend that keeps something on an
+        # endpoint, a legacy session, moves it).
+        self.ejection_listeners: list[Callable[[EndpointHealth], None]] = []
 
     # -- the request path -------------------------------------------------------------
 
@@ -200,6 +217,37 @@ class BackendHealth:
         if self._single is not None:
             self._single.failed(reason)
 
+    # -- the endpoint set ----------------------------------------------------------------
+
+    def reported_per_endpoint(self) -> None:
+        """The backend reports each request to the endpoint that served it (its set may
+        change: DNS expansion, instances): the dispatcher's whole-call reports are ignored."""
+        self._single = None
+
+    def add(self, label: str, target: Any = None) -> EndpointHealth:
+        """A new endpoint, in rotation with fresh health (nothing said of it yet)."""
+        self._single = None
+        endpoint = EndpointHealth(self, label, self.settings, target)
+        self.endpoints.append(endpoint)
+        # In rotation from now on, which its series says at once (an address that joined
+        # the answer shows before its first call).
+        metrics.BACKEND_ENDPOINT_UP.labels(self.name, label).set(1)
+        log.info("backend %s: endpoint %s added", self.name, label)
+        return endpoint
+
+    def remove(self, endpoint: EndpointHealth) -> None:
+        """Out of the set: no new call goes to it, the calls under way on it finish (it is
+        drained, not ejected), and its metric series goes."""
+        self._single = None
+        with contextlib.suppress(ValueError):
+            self.endpoints.remove(endpoint)
+        endpoint.removed = True
+        with contextlib.suppress(KeyError):
+            metrics.BACKEND_ENDPOINT_UP.remove(self.name, endpoint.label)
+        log.info("backend %s: endpoint %s removed (%d call(s) under way finish there)", self.name, endpoint.label,
+                 endpoint.in_flight)
+        self.endpoint_changed()
+
     # -- the cap and the summary -------------------------------------------------------
 
     def may_eject(self, endpoint: EndpointHealth) -> bool:
@@ -209,6 +257,8 @@ class BackendHealth:
         return (out + 1) * 100 <= len(self.endpoints) * self.settings.max_ejected_percent
 
     def endpoint_changed(self) -> None:
+        if not self.endpoints:
+            return  # between a removal and an addition (endpoints.reconcile adds first)
         ejected = all(e.ejected for e in self.endpoints)
         states = [e.up for e in self.endpoints]
         up: bool | None = True if any(s is True for s in states) and not ejected else (

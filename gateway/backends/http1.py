@@ -26,7 +26,9 @@ import asyncio
 import contextlib
 import collections
 import logging
+import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -34,8 +36,8 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway import write_batch
-from gateway.backends.errors import (UPSTREAM_FAILURES, ConnectError, ConnectTimeout, ResponseTooLarge,
-                                     UpstreamConnectionError, gateway_error, upstream_errors)
+from gateway.backends.errors import (UPSTREAM_FAILURES, ConnectError, ConnectTimeout, RequestNotRead,
+                                     ResponseTooLarge, UpstreamConnectionError, gateway_error, upstream_errors)
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -48,8 +50,44 @@ log = logging.getLogger("gateway.backends.http1")
 KEEPALIVE_EXPIRY_SECONDS = 4.0
 # The largest answer read from a backend (BackendSettings.max_response_bytes).
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+# Pools (one per origin or address) past which the empty ones are forgotten (`_prune`).
+_PRUNE_AT = 32
 # Stop reading the socket while this much of a streamed body waits for its consumer.
 _HIGH_WATER = 256 * 1024
+
+# The peer's close, as the kernel saw it (Linux `struct tcp_info`: its first byte is the TCP
+# state; `tcpi_rtt`, the smoothed round trip in microseconds, is the u32 at offset 68).
+# ESTABLISHED: nothing came from the peer. CLOSE_WAIT: its FIN came, nothing after. CLOSE after
+# a FIN: a RST followed it, which the peer's kernel sends for data arriving on a socket its
+# process has already closed (RFC 9293 §3.10.7.4; RFC 1122 §4.2.2.13 for data left unread at
+# the close): the request reached a peer that had stopped reading.
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_ESTABLISHED, _CLOSE, _CLOSE_WAIT = 1, 7, 8
+# A pooled connection idle this long is checked with the kernel before reuse (one syscall);
+# one reused sooner, as under load, is not: the check only saves a wasted write, since a
+# request written on a closing connection is sent again when the kernel proves it unread.
+_ASK_KERNEL_AFTER = 0.05
+# How long a FIN waits for a RST behind it (in round trips, within these bounds in seconds).
+_RST_WAIT_RTTS, _RST_WAIT_MIN, _RST_WAIT_MAX = 4, 0.002, 0.2
+
+
+def _tcp_state(sock: Any) -> int | None:
+    """The connection's TCP state, or None where the kernel does not say (not Linux, closed)."""
+    if _TCP_INFO is None or sock is None:
+        return None
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _rst_wait(sock: Any) -> float:
+    """Seconds to wait for a RST behind a FIN: a few round trips of this connection."""
+    rtt = 0.0
+    if _TCP_INFO is not None and sock is not None:
+        with contextlib.suppress(OSError, ValueError, struct.error):
+            rtt = struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 72), 68)[0] / 1e6
+    return min(_RST_WAIT_MAX, max(_RST_WAIT_MIN, _RST_WAIT_RTTS * rtt))
 
 
 class _Connection(asyncio.Protocol):
@@ -62,19 +100,36 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.open = False
         self.response: UpstreamResponse | None = None
+        # The socket, for the kernel's view of the peer's close (`_tcp_state`).
+        self.sock: Any = None
+        # True once an exchange has completed on it: a pooled connection, which the server
+        # may close as idle at any moment (the keep-alive race, `_Pool`).
+        self.reused = False
+        # TLS does not keep a half-closed connection open (asyncio ignores eof_received's True).
+        self.tls = False
+        self._rst_timer: asyncio.TimerHandle | None = None
+
+    def peer_closed(self) -> bool:
+        """The peer's FIN (or RST) has reached the kernel and this loop has not seen it yet."""
+        state = _tcp_state(self.sock)
+        return state is not None and state != _ESTABLISHED
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.sock = transport.get_extra_info("socket")
+        self.tls = transport.get_extra_info("sslcontext") is not None
         self.open = True
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None:
+        response = self.response
+        if response is None:
             # Nothing was asked (idle in the pool): a server writing now is closing (a 408) or
             # broken, and a partial head left in the parser would open the next answer. Retire it.
             self.close()
             return
+        response.answered = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -83,6 +138,17 @@ class _Connection(asyncio.Protocol):
             self._fail(UpstreamConnectionError(f"invalid HTTP response: {exc}"))
 
     def eof_received(self) -> bool | None:
+        response = self.response
+        if response is not None and not response.answered:
+            # The peer closed with no byte of an answer: whether it read the request decides
+            # whether the request may be sent again (`_judge_fin`).
+            self.open = False
+            if self._judge_fin(final=self.tls):
+                return None
+            # A FIN alone so far: a RST may be on its way behind it. The connection is kept
+            # half-open (reading stops) for a few round trips to see it.
+            self._rst_timer = self._loop.call_later(_rst_wait(self.sock), self._judge_fin, True)
+            return True
         # A body delimited by the end of the connection ends here (RFC 9112 §6.3 rule 8).
         try:
             self.parser.feed_data(b"")
@@ -90,10 +156,40 @@ class _Connection(asyncio.Protocol):
             pass
         return None
 
+    def _judge_fin(self, final: bool) -> bool:
+        """After the peer's FIN with no answer: a RST behind it proves the request unread; a
+        FIN alone may have followed the reading of it. True once judged (the response failed)."""
+        self._rst_timer = None
+        response = self.response
+        if response is None or response.answered:
+            return True
+        state = _tcp_state(self.sock)
+        if state == _CLOSE:
+            response._fail(RequestNotRead(
+                "connection closed before the response was complete: the backend closed it and reset the request "
+                "that reached it after, unread"))
+        elif final or state != _CLOSE_WAIT:
+            response._fail(UpstreamConnectionError("connection closed before the response was complete (no answer)"))
+        else:
+            return False
+        self.close()
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
+        if self._rst_timer is not None:
+            self._rst_timer.cancel()
+            self._rst_timer = None
         response = self.response
         if response is not None and not response.complete:
+            if not response.answered and isinstance(exc, ConnectionResetError) and self.reused:
+                # A RST with no answer on a kept-alive connection: what the peer's kernel sends
+                # when its process closes the connection with the request unread in the socket
+                # (RFC 1122 §4.2.2.13), as a server does that closes idle connections or stops.
+                response._fail(RequestNotRead(
+                    "connection closed before the response was complete: the backend reset a kept-alive connection "
+                    "with the request unread"))
+                return
             if exc is None and response.delimited_by_close:
                 # No Content-Length and not chunked: the end of the connection is the end of
                 # the body (RFC 9112 §6.3 rule 8); httptools does not report it as complete.
@@ -162,6 +258,9 @@ class UpstreamResponse:
         # Set while the rest of a body is dropped on its way to the pool (`finish_soon`).
         self._draining: asyncio.TimerHandle | None = None
         self.headers_received = False
+        # True once any byte of the answer has come (before that, a close may be the
+        # keep-alive race: `_Connection.eof_received`).
+        self.answered = False
         self.complete = False
         self.status = 0
         self.content_type = ""
@@ -364,6 +463,7 @@ class UpstreamResponse:
         connection.response = None
         if (self.complete and self._keep_alive and self._error is None and connection.open
                 and not self._client._closed):  # a closed client's pools are gone: close, don't pool
+            connection.reused = True
             self._pool.put(connection)
         else:
             connection.close()
@@ -398,6 +498,8 @@ class _Pool:
 
     def __init__(self, max_idle: int, keepalive_expiry: float, clock: Callable[[], float]) -> None:
         self._idle: collections.deque[tuple[_Connection, float]] = collections.deque()
+        # Dropped from the client (`Http1Client._prune`): what comes back to it is closed.
+        self.retired = False
         self._max_idle = max_idle
         self._expiry = keepalive_expiry
         self._clock = clock
@@ -413,11 +515,17 @@ class _Pool:
                 self.close()  # the others were put back earlier still: expired too
                 return None
             if connection.open:
+                if now - since >= _ASK_KERNEL_AFTER and connection.peer_closed():
+                    # The server closed it while idle and the loop has not read the FIN yet:
+                    # a request written now would meet a closed socket (Go's Transport learns
+                    # this from its read loop: errServerClosedIdle).
+                    connection.close()
+                    continue
                 return connection
         return None
 
     def put(self, connection: _Connection) -> None:
-        if len(self._idle) >= self._max_idle:
+        if len(self._idle) >= self._max_idle or self.retired:
             connection.close()
             return
         self._idle.append((connection, self._clock()))
@@ -445,7 +553,8 @@ class Http1Client:
         self._max_connections = max_connections
         # One slot per connection in use (held from request to release).
         self._slots = asyncio.Semaphore(max(max_connections, 1))
-        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        # Per origin (scheme, host, port), or (scheme, host, port, address) for an address.
+        self._pools: dict[tuple[str, ...], _Pool] = {}
         # Per URL: (origin key, request-line prefix, Host header) computed once.
         self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
         # https: the backend's context (backends/tls.py), else the system default, made once.
@@ -471,28 +580,31 @@ class Http1Client:
         return found
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, read_timeout: float | None,
-                   request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+                   request_id: rpc.RequestId | None = None, address: str | None = None) -> UpstreamResponse:
         """Send the request and return once the response headers are in (and, when a body of
         known length follows, its first bytes: `_headers_done` says why). Raises McpError
-        (-31001 unavailable, -31002 timeout) naming the backend."""
+        (-31001 unavailable, -31002 timeout) naming the backend. `address`: connect there
+        instead of to the URL's host, which still names the Host header and the TLS server
+        (an endpoint expanded from a DNS answer, backends/resolve.py)."""
         try:
             return await self.request_raw("POST", url, headers, body=body, read_timeout=read_timeout,
-                                          request_id=request_id)
+                                          request_id=request_id, address=address)
         except UPSTREAM_FAILURES as exc:
             # upstream_errors(), without a `with` object per call on the pass-through path.
             raise gateway_error(exc, self.backend, timeout=read_timeout, request_id=request_id) from None
 
     async def request(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
-                      read_timeout: float | None, request_id: rpc.RequestId | None = None) -> UpstreamResponse:
+                      read_timeout: float | None, request_id: rpc.RequestId | None = None,
+                      address: str | None = None) -> UpstreamResponse:
         """Any method (the legacy transport also GETs its streams and DELETEs its session);
-        errors as `post`'s."""
+        errors and `address` as `post`'s."""
         with upstream_errors(self.backend, timeout=read_timeout, request_id=request_id):
             return await self.request_raw(method, url, headers, body=body, read_timeout=read_timeout,
-                                          request_id=request_id)
+                                          request_id=request_id, address=address)
 
     async def request_raw(self, method: str, url: str, headers: Mapping[str, str], *, body: bytes | None = None,
-                          read_timeout: float | None, request_id: rpc.RequestId | None = None
-                          ) -> UpstreamResponse:
+                          read_timeout: float | None, request_id: rpc.RequestId | None = None,
+                          address: str | None = None, _fresh: bool = False) -> UpstreamResponse:
         """`request` with the lower layer's exceptions (errors.py) left to the caller, for one
         to whom the phase of a failure matters: the era probe, where no connection
         (`ConnectError`, `ConnectTimeout`) is no verdict and a silent connection (a plain
@@ -505,8 +617,12 @@ class Http1Client:
             request = _serialize(head, headers, body)
         except (ValueError, UnicodeEncodeError) as exc:
             raise rpc.backend_unavailable(self.backend, f"the request cannot be sent: {exc}", request_id) from None
+        if address is not None:
+            origin = (origin[0], origin[1], origin[2], address)  # type: ignore[assignment]
         pool = self._pools.get(origin)
         if pool is None:
+            if len(self._pools) >= _PRUNE_AT:
+                self._prune()
             pool = self._pools[origin] = _Pool(max(self._max_connections, 1), self._keepalive_expiry,
                                                asyncio.get_running_loop().time)
         if self._slots.locked():
@@ -522,7 +638,7 @@ class Http1Client:
                 ) from None
         else:
             await self._slots.acquire()  # a free slot: taken at once, no timer armed
-        connection = pool.get()
+        connection = None if _fresh else pool.get()
         if connection is None:
             try:
                 connection = await self._connect(origin)
@@ -538,6 +654,22 @@ class Http1Client:
             connection.batch.write(connection.transport, request)
             while not response.headers_received:
                 await response._wait()
+        except RequestNotRead:
+            response.close()
+            if not connection.reused:
+                raise  # errors.gateway_error marks it never sent: another endpoint may take it
+            # The keep-alive race: a pooled connection the server closed as the request was
+            # written, and the kernel's RST proves the request unread. RFC 9112 §9.3.1 lets a
+            # client retry a request when "the original request was never applied", whatever
+            # its method (RFC 9110 §9.2.2); it is sent once more on a fresh connection (not a
+            # pooled one, which may be closing too), outside the retry budget: nothing reached
+            # the backend. Go resends only idempotent requests here, Chrome any request whose
+            # reused connection failed before the response headers; this does what the kernel
+            # proves (docs/resilience.md "The keep-alive race").
+            log.debug("backend %s: a pooled connection was closed with the request unread; sending it again",
+                      self.backend)
+            return await self.request_raw(method, url, headers, body=body, read_timeout=read_timeout,
+                                          request_id=request_id, address=address, _fresh=True)
         except BaseException:
             response.close()
             raise
@@ -548,8 +680,19 @@ class Http1Client:
                 self.backend, f"content-encoding {coding!r} although the request asked for identity", request_id)
         return response
 
-    async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
-        scheme, host, port = origin
+    def _prune(self) -> None:
+        """Forget the pools that hold no idle connection: addresses come and go with a DNS
+        answer (a headless Service's pods), and their pools must not pile up."""
+        for key, pool in list(self._pools.items()):
+            if not pool._idle:
+                pool.retired = True
+                del self._pools[key]
+
+    async def _connect(self, origin: tuple[str, ...]) -> _Connection:
+        """A connection to the origin's host, or to its address when it has one (the 4th
+        item): the certificate is checked for, and SNI names, the host either way."""
+        scheme, host, port = origin[0], origin[1], origin[2]
+        peer = origin[3] if len(origin) > 3 else host
         loop = asyncio.get_running_loop()
         ssl_context: ssl.SSLContext | None = None
         if scheme == "https":
@@ -557,15 +700,15 @@ class Http1Client:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(loop), host, port, ssl=ssl_context,
+                    lambda: _Connection(loop), peer, port, ssl=ssl_context,
                     server_hostname=(self._server_name or host) if ssl_context is not None else None)
         except TimeoutError:
             raise ConnectTimeout(self._connect_timeout) from None
         except (OSError, ssl.SSLError) as exc:
             # SSLError is itself an OSError: tested first, or a failed handshake (an expired
             # certificate, a plain-HTTP port) would read as a refused connection.
-            raise ConnectError(f"TLS to {host}:{port} failed: {exc}" if isinstance(exc, ssl.SSLError)
-                               else f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+            raise ConnectError(f"TLS to {peer}:{port} failed: {exc}" if isinstance(exc, ssl.SSLError)
+                               else f"cannot connect to {peer}:{port}: {exc.strerror or exc}") from None
         return connection
 
     async def aclose(self) -> None:

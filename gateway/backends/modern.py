@@ -73,8 +73,7 @@ class ModernHttpBackend(Backend):
         if settings.identity_header is not None:
             secret = (replica or ReplicaContext.alone()).secret
             self._identity = (settings.identity_header, IdentitySigner(secret))
-        self.urls = settings.endpoint_urls
-        if len(self.urls) > 1:
+        if self.spread:
             self.send = self._send_spread  # type: ignore[method-assign]
 
     async def aclose(self) -> None:
@@ -102,8 +101,10 @@ class ModernHttpBackend(Backend):
         tracing.add_outgoing_headers(headers)  # the gateway's CLIENT span, X-Request-Id
         return headers
 
-    async def send(self, call: Call, url: str | None = None, *, fresh_token: bool = False) -> Reply:
-        """One POST (to `url`, or the backend's one URL); retries are the caller's
+    async def send(self, call: Call, url: str | None = None, *, fresh_token: bool = False,
+                   address: str | None = None) -> Reply:
+        """One POST (to `url`, or the backend's one URL; connected to `address` when given,
+        endpoints.HttpTarget); retries are the caller's
         (backends/retry.py), the same for every kind, except one: a 401 to a token the gateway
         obtained is asked again once with a fresh token (docs/auth.md)."""
         # A listen stream is quiet for as long as nothing changes: no read deadline.
@@ -117,7 +118,7 @@ class ModernHttpBackend(Backend):
             if authorization is not None:
                 headers["authorization"] = authorization
         response = await self._client.post(url or self.url, call.wire_body(), headers,
-                                           read_timeout=read_timeout, request_id=call.id)
+                                           read_timeout=read_timeout, request_id=call.id, address=address)
         if response.status == 401 and authorization is not None and not fresh_token:
             # The token was revoked or expired early: once more with a fresh one, then the
             # backend's answer stands (a second 401 is the gateway's credentials refused).
@@ -126,7 +127,7 @@ class ModernHttpBackend(Backend):
             response.release()
             self.credentials.refused(call.principal, authorization)
             log.info("backend %s answered 401: fetching a fresh token and retrying once", self.name)
-            return await ModernHttpBackend.send(self, call, url, fresh_token=True)
+            return await ModernHttpBackend.send(self, call, url, fresh_token=True, address=address)
         if response.content_type == "text/event-stream" and response.status < 400:
             reply = Reply(self.name, response.status, stream=self._events(response, call))
             reply.closers.append(response.close)
@@ -179,10 +180,10 @@ class ModernHttpBackend(Backend):
             endpoint = choose(endpoints, tried)
             if endpoint is None:
                 raise last if last is not None else self.health.unavailable(call.id)
-            url = self.urls[endpoints.index(endpoint)]
+            target = endpoint.target
             endpoint.in_flight += 1
             try:
-                reply = await ModernHttpBackend.send(self, call, url)
+                reply = await ModernHttpBackend.send(self, call, target.url, address=target.address)
             except rpc.McpError as exc:
                 endpoint.in_flight -= 1
                 if exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
@@ -208,13 +209,16 @@ class ModernHttpBackend(Backend):
     async def check_endpoint(self, index: int) -> None:
         """server/discover POSTed to that endpoint (a canary, when configured, runs through
         the backend as a whole: its result does not say which endpoint served it)."""
-        if len(self.urls) == 1 or self.settings.health.canary is not None:
+        if not self.spread or self.settings.health.canary is not None:
             await self.health_check()
             return
-        reply = await ModernHttpBackend.send(self, internal_call("server/discover"), self.urls[index])
+        endpoint = self.health.endpoints[index]
+        target = endpoint.target
+        reply = await ModernHttpBackend.send(self, internal_call("server/discover"), target.url,
+                                             address=target.address)
         message = await reply.final()
         if not isinstance(message.get("result"), dict):
-            raise rpc.backend_protocol_error(self.name, f"server/discover failed at {self.urls[index]}")
+            raise rpc.backend_protocol_error(self.name, f"server/discover failed at {endpoint.label}")
 
     async def _events(self, response: UpstreamResponse, call: Call) -> AsyncIterator[Message]:
         """JSON-RPC messages from an upstream SSE body, as they arrive. A call's stream ends

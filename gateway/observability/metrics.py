@@ -174,6 +174,12 @@ BACKEND_ENDPOINT_UP = Gauge(
     "ejected or failing.",
     ["backend", "endpoint"],
 )
+BACKEND_RESOLVE_FAILURES = Counter(
+    "mcp_gateway_backend_resolve_failures_total",
+    "Failed DNS resolutions of a backend's hostname (backends[].resolve): the last good set of endpoints "
+    "keeps serving.",
+    ["backend"],
+)
 BACKEND_RETRIES = Counter(
     "mcp_gateway_backend_retries_total",
     "Calls sent again to a backend, by why (unsent: it provably never reached the backend; idempotent: a read) "

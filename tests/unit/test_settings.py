@@ -233,3 +233,25 @@ def test_pin_off_written_bare_in_yaml_is_off(tmp_path):
     assert [b.pin for b in settings.backends] == ["off", "block"]
     with pytest.raises(ConfigError, match=r"backends\.0\.pin"):
         load_settings(None, backends=[{"name": "a", "url": "http://127.0.0.1:9/mcp", "pin": True}])
+
+
+def test_several_endpoints_serve_streamable_http_of_either_era_but_not_http_sse() -> None:
+    urls = ["http://127.0.0.1:1/mcp", "http://127.0.0.1:2/mcp"]
+    for era in ("modern", "legacy", "auto"):
+        backend = load_settings(None, backends=[{"name": "a", "urls": urls, "era": era}]).backends[0]
+        assert backend.endpoint_urls == tuple(urls)
+    with pytest.raises(ConfigError, match="HTTP\\+SSE session is one GET stream"):
+        load_settings(None, backends=[{"name": "a", "urls": urls, "transport": "sse"}])
+
+
+def test_resolve_applies_to_url_backends_of_streamable_http() -> None:
+    backend = load_settings(None, backends=[{"name": "a", "url": "http://svc.ns:80/mcp",
+                                             "resolve": {"interval_seconds": 5}}]).backends[0]
+    assert backend.resolve is not None and backend.resolve.interval_seconds == 5
+    with pytest.raises(ConfigError, match="applies to 'url' backends only"):
+        load_settings(None, backends=[{"name": "a", "command": ["x"], "resolve": {}}])
+    with pytest.raises(ConfigError, match="HTTP\\+SSE session is one GET stream"):
+        load_settings(None, backends=[{"name": "a", "url": "http://svc.ns:80/sse", "transport": "sse",
+                                       "resolve": {}}])
+    with pytest.raises(ConfigError):
+        load_settings(None, backends=[{"name": "a", "url": "http://svc.ns:80/mcp", "resolve": {"interval_seconds": 0}}])

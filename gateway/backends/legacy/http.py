@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from gateway.backends.errors import UpstreamConnectionError, UpstreamError, describe, upstream_errors
+from gateway.backends.errors import UpstreamConnectionError, UpstreamError, describe, never_sent, upstream_errors
+from gateway.backends.health import EndpointHealth
 from gateway.backends.exchange import Exchange
 from gateway.backends.legacy.session import LegacySession, Message, NotificationSink, SessionExpired
 from gateway.backends.http1 import Http1Client, UpstreamResponse
@@ -107,6 +109,17 @@ class HttpSession(LegacySession):
         self.session_id: str | None = None
         self._readers: dict[int, asyncio.Task[None]] = {}
         self._listening: UpstreamResponse | None = None  # the GET stream `listen_stream` holds
+        # Of a backend with several endpoints: the one this session was created on (`url` is
+        # its), which hears how each of the session's requests went. The session stays on it
+        # and moves (is renewed on another, pool.py) only when it cannot be reached.
+        self.endpoint: EndpointHealth | None = None
+        # The address connected to instead of the URL's host (an endpoint from a DNS answer).
+        self.address: str | None = None
+        # Told once when the session ends (the backend counts the sessions on each endpoint).
+        self.on_terminate: Callable[[HttpSession], None] | None = None
+        # Asked for another endpoint when the initialize cannot reach this one (a session not
+        # yet made can go anywhere): it re-targets the session and says whether it did.
+        self.replace_endpoint: Callable[[HttpSession], bool] | None = None
 
     @property
     def keeps_state(self) -> bool:
@@ -125,17 +138,47 @@ class HttpSession(LegacySession):
         return headers
 
     async def _post(self, message: Message, *, initialize: bool = False) -> UpstreamResponse:
-        response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
-                                          read_timeout=self.timeout)
+        endpoint = self.endpoint
+        try:
+            response = await self.posts.post(self.url, orjson.dumps(message), self._headers(initialize=initialize),
+                                              read_timeout=self.timeout, address=self.address)
+        except rpc.McpError as exc:
+            if endpoint is not None:
+                self._endpoint_failed(endpoint, exc, moves=not initialize and "id" in message and "method" in message)
+            raise
+        if endpoint is not None:
+            if response.status >= 500:
+                endpoint.failed(f"HTTP {response.status}")
+            else:
+                endpoint.succeeded()
         if response.status == 404 and self.session_id is not None and not initialize:
             response.close()
             raise SessionExpired(self.session_id)
         return response
 
+    def _endpoint_failed(self, endpoint: EndpointHealth, exc: rpc.McpError, *, moves: bool) -> None:
+        """A request to this session's endpoint failed. One that provably never reached it
+        (no connection) moves the session: SessionExpired makes the pool renew it, on another
+        endpoint since this one now has a failure, and replay the request there, as after a 404
+        (which likewise says the request was not processed)."""
+        if exc.code in (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT):
+            endpoint.failed(exc.message)
+        if moves and never_sent(exc):
+            log.info("backend %s: endpoint %s cannot be reached: its session moves to another", self.backend,
+                     endpoint.label)
+            raise SessionExpired(self.session_id or "") from None
+
     # -- LegacySession transport ------------------------------------------------------------
 
     async def _initialize(self, message: Message) -> Message:
-        response = await self._post(message, initialize=True)
+        while True:
+            try:
+                response = await self._post(message, initialize=True)
+                break
+            except rpc.McpError as exc:
+                # Each endpoint it cannot reach has a failure by now, so the next choice avoids it.
+                if not never_sent(exc) or self.replace_endpoint is None or not self.replace_endpoint(self):
+                    raise
         session_id = response.headers.get("mcp-session-id")
         if session_id:
             self.session_id = session_id
@@ -175,6 +218,9 @@ class HttpSession(LegacySession):
             task.cancel()
 
     async def _terminate(self) -> None:
+        if self.on_terminate is not None:
+            on_terminate, self.on_terminate = self.on_terminate, None
+            on_terminate(self)
         for task in list(self._readers.values()):
             task.cancel()
         if self._listening is not None:
@@ -186,7 +232,7 @@ class HttpSession(LegacySession):
             return
         # L-TR: SHOULD DELETE when done; 405 (termination not allowed) is fine.
         try:
-            response = await self.client.request("DELETE", self.url, self._headers(),
+            response = await self.client.request("DELETE", self.url, self._headers(), address=self.address,
                                                  read_timeout=self.connect_timeout)
             await response.read()
         except (rpc.McpError, UpstreamError, TimeoutError) as exc:
@@ -294,7 +340,7 @@ class HttpSession(LegacySession):
         if last_event_id is not None:
             headers["last-event-id"] = last_event_id
         try:
-            response = await self.client.request("GET", self.url, headers, read_timeout=None)
+            response = await self.client.request("GET", self.url, headers, read_timeout=None, address=self.address)
         except rpc.McpError as exc:
             raise rpc.backend_unavailable(self.backend, f"GET stream: {exc.message}") from None
         if response.status == 404 and self.session_id is not None:
@@ -318,6 +364,9 @@ class HttpSession(LegacySession):
             try:
                 response = await self._get(decoder.last_event_id)
             except rpc.McpError as exc:
+                if self.endpoint is not None and never_sent(exc):
+                    # Its endpoint cannot be reached: the listen moves with a renewed session.
+                    self._endpoint_failed(self.endpoint, exc, moves=True)
                 log.info("backend %s: GET stream unavailable: %s", self.backend, exc.message)
                 await asyncio.sleep(backoff.failed())
                 continue
