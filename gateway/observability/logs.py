@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import logging
 import os
 import random
@@ -48,6 +49,21 @@ def _timestamp(created: float) -> str:
     text = f"{_second[1]}.{ms % 1000:03d}Z"
     _last[0], _last[1] = ms, text
     return text
+
+
+# True in the task serving a listener other than the MCP one (lifecycle.Listener `secondary`).
+SECONDARY_LISTENER: contextvars.ContextVar[bool] = contextvars.ContextVar("mcp_gateway_secondary_listener",
+                                                                          default=False)
+
+
+class OneBanner(logging.Filter):
+    """On uvicorn's loggers: the start and stop lines of a secondary listener (the operations
+    listener, the demo backend) are dropped, so that one process says "Started server process"
+    once. uvicorn's servers share their logger (and its level: each `uvicorn.Config` sets it),
+    so neither a handler nor a level can tell the listeners apart; the serving task can."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not SECONDARY_LISTENER.get()
 
 
 class RequestContext(logging.Filter):
@@ -106,6 +122,8 @@ def configure(level: str, log_format: str, stream: Any = None) -> logging.Handle
         uv = logging.getLogger(name)
         uv.handlers.clear()
         uv.propagate = True
+        if not any(isinstance(f, OneBanner) for f in uv.filters):
+            uv.addFilter(OneBanner())
     # httpx logs every upstream request at INFO: one line per call is noise, not signal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     return handler
