@@ -226,6 +226,12 @@ def gateway_attributes(record: RequestRecord) -> dict[str, Any]:
         out["mcp.gateway.result_type"] = record.result_type
     if record.subject:
         out["mcp.gateway.principal.subject"] = record.subject
+    if record.authorization is not None:
+        out["mcp.gateway.authorization.decision"] = record.authorization
+        out["mcp.gateway.authorization.rule"] = record.authorization_rule
+    if record.rate_limit is not None:
+        out["mcp.gateway.rate_limit.decision"] = record.rate_limit
+        out["mcp.gateway.rate_limit.limit"] = list(record.rate_limits)
     return out
 
 

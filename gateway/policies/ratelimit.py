@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from prometheus_client import Counter
 
+from gateway.observability.record import note_rate_limit
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.methods import METHODS
 from gateway.protocol.principal import Principal
@@ -357,11 +358,13 @@ class RateLimits:
             if not wait:
                 continue
             if wait > 0:
+                note_rate_limit(False, (limit.label,))
                 RATE_LIMITED.labels(limit.label).inc()
                 retry_ms = max(1, math.ceil(wait * 1000))
                 raise rpc.gateway_overloaded(
                     f"Too Many Requests: rate limit {limit.label} ({_describe(limit)}) reached; retry in {retry_ms} ms",
                     limit=limit.label, status=429, retry_after=wait, data={"retryAfterMs": retry_ms})
+        note_rate_limit(True, tuple(limit.label for limit in matched))
 
     async def start(self) -> None:
         if self.shared is not None:
