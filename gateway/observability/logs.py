@@ -146,6 +146,10 @@ class AccessLog:
         self._pending: list[bytes] = []
         self._scheduled = False
         self.written = 0
+        # The line's format is chosen once, and so is whether sampling can drop anything: the
+        # per-request call is one bound method that builds nothing for a line sampled out.
+        self._encode = self._json_line if self.json else self._text_line
+        self.log = self._log_all if sample >= 1.0 else self._log_sampled
         atexit.register(self.flush)
 
     def wants(self, record: RequestRecord) -> bool:
@@ -153,10 +157,29 @@ class AccessLog:
         return (self.sample >= 1.0 or record.status >= 400 or record.code is not None or record.tool_error
                 or random.random() < self.sample)
 
-    def log(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
-        code: int | str | None = record.code if record.code is not None else ("tool_error" if record.tool_error
-                                                                              else None)
-        fields = {
+    def _log_sampled(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
+        if (record.status < 400 and record.code is None and not record.tool_error
+                and random.random() >= self.sample):
+            return  # sampled out, before anything is built
+        self._log_all(record, seconds, trace_id)
+
+    def _log_all(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
+        pending = self._pending
+        pending.append(self._encode(record, seconds, trace_id))
+        if len(pending) >= _FLUSH_LINES:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            try:
+                asyncio.get_running_loop().call_later(_FLUSH_SECONDS, self.flush)
+            except RuntimeError:
+                self.flush()
+
+    @staticmethod
+    def _json_line(record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
+        # One dict literal read from the record, one orjson call that adds the newline itself.
+        code = record.code
+        return orjson.dumps({
             "time": _timestamp(time.time()),
             "level": "info",
             "logger": "gateway.access",
@@ -167,27 +190,18 @@ class AccessLog:
             "name": record.name,
             "backend": record.backend,
             "status": record.status,
-            "jsonrpc_code": code,
+            "jsonrpc_code": code if code is not None else "tool_error" if record.tool_error else None,
             "duration_ms": seconds * 1000.0,
             "cache": record.cache,
             "subject": record.subject,
             "era": record.era,
-        }
-        if self.json:
-            line = orjson.dumps(fields) + b"\n"
-        else:
-            line = (" ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("level", "logger"))
-                    + "\n").encode()
-        pending = self._pending
-        pending.append(line)
-        if len(pending) >= _FLUSH_LINES:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            try:
-                asyncio.get_running_loop().call_later(_FLUSH_SECONDS, self.flush)
-            except RuntimeError:
-                self.flush()
+        }, option=orjson.OPT_APPEND_NEWLINE)
+
+    @staticmethod
+    def _text_line(record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
+        fields = orjson.loads(AccessLog._json_line(record, seconds, trace_id))
+        return (" ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("level", "logger"))
+                + "\n").encode()
 
     def flush(self) -> None:
         self._scheduled = False
