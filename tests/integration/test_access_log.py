@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,34 @@ async def test_json_logs_and_access_lines_of_a_scripted_workload(backend, tmp_pa
         assert (line_of(label)["method"], line_of(label)["era"]) == (method, "legacy"), label
     assert line_of("legacy_ack")["status"] == 202 and line_of("legacy_call")["name"] == "m__echo"
     assert line_of("legacy_call")["backend"] == "m"
+
+    # Every field of every line, against the answer the line is about: (method, name, backend,
+    # jsonrpc_code, cache, era); status and request id from the answer itself.
+    expected = {
+        "echo": ("tools/call", "m__echo", "m", None, None, "modern"),
+        "fail": ("tools/call", "m__fail", "m", -32602, None, "modern"),
+        "is_error": ("tools/call", "m__is_error", "m", "tool_error", None, "modern"),
+        "read_miss": ("resources/read", "scripted://logged/doc-1", "m", None, "miss", "modern"),
+        "read_hit": ("resources/read", "scripted://logged/doc-1", "m", None, "hit", "modern"),
+        "refused": ("tools/call", None, None, -32600, None, "modern"),
+        "discover": ("server/discover", None, "gateway", None, None, "modern"),  # the gateway's own answer
+        "bad_id": ("tools/list", None, "m", None, "miss", "modern"),  # the one backend that answered
+        "legacy_init": ("initialize", None, "gateway", None, None, "legacy"),  # the gateway's session
+        "legacy_ack": ("notifications/initialized", None, None, None, None, "legacy"),
+        "legacy_call": ("tools/call", "m__echo", "m", None, None, "legacy"),
+    }
+    assert expected.keys() == answers.keys()
+    timestamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+    for label, (method, name, backend_name, code, cache, era) in expected.items():
+        line = line_of(label)
+        assert line == {
+            "time": line["time"], "level": "info", "logger": "gateway.access", "message": "mcp request",
+            "request_id": answers[label].headers["x-request-id"], "trace_id": None,  # tracing is off
+            "method": method, "name": name, "backend": backend_name, "status": answers[label].status_code,
+            "jsonrpc_code": code, "duration_ms": line["duration_ms"], "cache": cache, "subject": None,  # no auth
+            "era": era}, label
+        assert timestamp.fullmatch(line["time"]), line["time"]
+        assert isinstance(line["duration_ms"], float) and 0 < line["duration_ms"] < 10_000, label
 
     # Every line logged while the discover request ran carries its id: the warning about the
     # backend left out, and the access line.
