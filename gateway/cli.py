@@ -134,7 +134,10 @@ async def _serve(settings: GatewaySettings, load: Callable[[], GatewaySettings] 
         demo_port = demo_sock.getsockname()[1]
         # log_config=None as for the gateway's own listeners (uvicorn_config): its lines go
         # through the one handler, in the configured format.
-        demo_server = Listener(uvicorn.Config(demo_app, log_level="warning", lifespan="off", log_config=None))
+        # No log_level: uvicorn.Config sets it on the loggers all listeners share, and the MCP
+        # listener's (observability.log_level) must hold; `secondary` keeps the banner single.
+        demo_server = Listener(uvicorn.Config(demo_app, lifespan="off", log_config=None, access_log=False),
+                               secondary=True)
         settings = _with_demo(settings, demo_port)
         log.info("no backends configured: serving the bundled demo backend on 127.0.0.1:%d", demo_port)
     try:
@@ -186,7 +189,7 @@ async def _serve(settings: GatewaySettings, load: Callable[[], GatewaySettings] 
     ops_server = None
     if ops_sock is not None:
         ops_server = Listener(uvicorn_config(app.ops_app, settings, front_tls=False, lifespan="off",
-                                             access_log=False))
+                                             access_log=False), secondary=True)
     lifecycle = Lifecycle(app.runtime.readiness, drain_delay_seconds=server_settings.drain_delay_seconds)
     if server_settings.tls is not None:
         from gateway.front_tls import reload_certificates

@@ -25,7 +25,7 @@ from gateway.cache.assembled import Source
 from gateway.deadlines import within
 from gateway.observability import tracing
 from gateway.observability.backend_call import BackendCall
-from gateway.observability.record import CURRENT, RequestRecord
+from gateway.observability.record import CURRENT, RequestRecord, note_authorization
 from gateway.policies.authorization import DECIDED_METHODS, USE_OF_LIST, RuleSet, call_target
 from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
@@ -211,6 +211,7 @@ class Dispatcher:
         backend = self._backend_of(name, uri, kind, whole_fleet=True)
         if self.rules is not None and method in DECIDED_METHODS:
             decision = self.rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
+            note_authorization(decision.allowed, decision.rule)
             if not decision.allowed:
                 raise self.rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
         view_rules = self.view_rules

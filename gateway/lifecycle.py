@@ -27,13 +27,33 @@ from typing import Any
 
 import uvicorn
 
+from gateway.observability.logs import SECONDARY_LISTENER
 from gateway.readiness import BackendStates
 
 log = logging.getLogger("gateway.lifecycle")
 
 
 class Listener(uvicorn.Server):
-    """A uvicorn server whose signals are the process lifecycle's, not its own."""
+    """A uvicorn server whose signals are the process lifecycle's, not its own.
+
+    `secondary`: a listener beside the MCP one (the operations listener, the embedded demo
+    backend). Every uvicorn server of a process logs its start and stop ("Started server
+    process [pid]", "Shutting down", ...) through the one shared `uvicorn.error` logger, so
+    without this each line was printed once per listener; a secondary listener's lines below
+    WARNING are dropped (observability/logs.py `OneBanner`), the MCP listener's are kept."""
+
+    def __init__(self, config: uvicorn.Config, *, secondary: bool = False) -> None:
+        super().__init__(config)
+        self.secondary = secondary
+
+    async def serve(self, sockets: Any = None) -> None:
+        # Each listener is served in a task of its own (run_until_stopped, cli._serve): the
+        # mark stays in that task's context, reset when it ends for a caller that awaits here.
+        token = SECONDARY_LISTENER.set(self.secondary)
+        try:
+            await super().serve(sockets)
+        finally:
+            SECONDARY_LISTENER.reset(token)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

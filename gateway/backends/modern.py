@@ -24,6 +24,7 @@ from gateway.backends.http1 import UpstreamResponse
 from gateway.backends.identity import IdentitySigner
 from gateway.backends.replica import ReplicaContext
 from gateway.observability import tracing
+from gateway.observability.backend_call import next_attempt, note_endpoint
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call
@@ -109,6 +110,8 @@ class ModernHttpBackend(Backend):
         obtained is asked again once with a fresh token (docs/auth.md)."""
         # A listen stream is quiet for as long as nothing changes: no read deadline.
         read_timeout = None if call.stream_only else self.settings.timeout_seconds
+        if url is not None:
+            note_endpoint(url)  # before the headers: the span's address is the endpoint's
         headers = self._headers(call)
         authorization = None
         if self._dynamic_credentials:
@@ -192,6 +195,8 @@ class ModernHttpBackend(Backend):
                     raise
                 tried.append(endpoint)
                 last = exc
+                # Another endpoint is another attempt: a CLIENT span of its own when traced.
+                call = next_attempt(call, str(exc.code), exc.message)
                 continue
             except BaseException:
                 endpoint.in_flight -= 1

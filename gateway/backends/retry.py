@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from gateway.backends.errors import never_sent
-from gateway.observability import metrics, tracing
+from gateway.observability import metrics
+from gateway.observability.backend_call import next_attempt
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call
 from gateway.settings import BackendSettings
@@ -117,7 +118,8 @@ async def retry_after(backend: Backend, call: Call, failed: Callable[[str], None
             if reason is None or not _may_retry(backend, reason):
                 raise error
             log.info("retrying %s on %s (%s) after: %s", call.method, backend.name, reason, error.message)
-            tracing.note_retry(attempt + 2, error.message)
+            # Each attempt its own CLIENT span (the failed one ends with its code).
+            call = next_attempt(call, str(error.code), error.message)
         else:
             assert reply is not None
             if reply.status < 500:
@@ -128,8 +130,8 @@ async def retry_after(backend: Backend, call: Call, failed: Callable[[str], None
                       if attempt < settings.retries and reply.stream is None else None)
             if reason is None or not _may_retry(backend, reason):
                 return reply
-            tracing.note_retry(attempt + 2, f"HTTP {reply.status}")
             await reply.aclose()
+            call = next_attempt(call, str(reply.status), f"HTTP {reply.status}")
         await asyncio.sleep(backoff(settings, attempt))
         attempt += 1
         error = reply = None

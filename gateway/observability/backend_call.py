@@ -9,6 +9,7 @@ the CLIENT span and hands the dispatcher the call to send, with the span's conte
 
 from __future__ import annotations
 
+import contextvars
 import time
 from typing import Any
 
@@ -36,8 +37,35 @@ def _peer(backend: Any) -> tuple[str, str]:
     return peer
 
 
+# The BackendCall whose attempts are being sent in this task, while tracing is on: what the
+# retry loop (backends/retry.py) and a backend moving to another endpoint reach through
+# `next_attempt` and `note_endpoint`, without a parameter threaded through every send.
+_SENDING: contextvars.ContextVar[BackendCall | None] = contextvars.ContextVar("mcp_gateway_backend_call",
+                                                                              default=None)
+
+
+def next_attempt(call: Any, error: str, message: str) -> Any:
+    """The call is sent again (a retry, or another endpoint after one that could not be
+    reached): with tracing on, the attempt that failed ends as its own CLIENT span (`error`:
+    its error.type) and the next one opens; returns the call to send, with the new span's
+    context injected. Without tracing, or outside a traced call: `call` as it is."""
+    probe = _SENDING.get()
+    if probe is None or probe.span is None:
+        return call
+    return probe.retry(error, message)
+
+
+def note_endpoint(url: str) -> None:
+    """The URL an HTTP backend POSTs this attempt to (server.address/server.port)."""
+    if tracing._tracer is not None:
+        tracing.note_endpoint(url)
+
+
 class BackendCall:
-    __slots__ = ("backend", "call", "method", "tool", "started", "span", "token", "done")
+    """One backend call; with tracing on, a CLIENT span per attempt (`retry`)."""
+
+    __slots__ = ("backend", "call", "method", "tool", "started", "span", "token", "done", "original", "attempt",
+                 "sending")
 
     def __init__(self, backend: Any, call: Any, tool: str = "") -> None:
         self.backend = backend
@@ -46,10 +74,24 @@ class BackendCall:
         self.span = None
         self.token = None
         self.done = False
+        self.sending = None
         if tracing._tracer is not None:
+            self.original, self.attempt = call, 1
             self.span, self.token, call = tracing.open_client_span(backend, call)
+            self.sending = _SENDING.set(self)
         self.call = call
         self.started = time.perf_counter()
+
+    def retry(self, error: str, message: str) -> Any:
+        """End this attempt's span as failed, open the next attempt's (a sibling: the parent is
+        what was current before the first, the SERVER or a fan-out span); the call to send."""
+        assert self.span is not None
+        if self.token is not None:
+            tracing.detach(self.token)
+        tracing.close_failed_attempt(self.span, error, message)
+        self.attempt += 1
+        self.span, self.token, self.call = tracing.open_client_span(self.backend, self.original, self.attempt)
+        return self.call
 
     def sent(self, message: Any) -> None:
         """The backend's answer has started; `message` is the whole answer when not a stream."""
@@ -58,8 +100,7 @@ class BackendCall:
         if child is None:
             child = _first_byte[key] = metrics.backend_seconds_child(*key)
         child.observe(time.perf_counter() - self.started)
-        if self.token is not None:
-            self._detach()
+        self._detach()
         if message is not None:
             self.complete(message)
 
@@ -124,3 +165,6 @@ class BackendCall:
         if self.token is not None:
             tracing.detach(self.token)
             self.token = None
+        if self.sending is not None:
+            _SENDING.reset(self.sending)
+            self.sending = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import logging
 import os
 import random
@@ -48,6 +49,21 @@ def _timestamp(created: float) -> str:
     text = f"{_second[1]}.{ms % 1000:03d}Z"
     _last[0], _last[1] = ms, text
     return text
+
+
+# True in the task serving a listener other than the MCP one (lifecycle.Listener `secondary`).
+SECONDARY_LISTENER: contextvars.ContextVar[bool] = contextvars.ContextVar("mcp_gateway_secondary_listener",
+                                                                          default=False)
+
+
+class OneBanner(logging.Filter):
+    """On uvicorn's loggers: the start and stop lines of a secondary listener (the operations
+    listener, the demo backend) are dropped, so that one process says "Started server process"
+    once. uvicorn's servers share their logger (and its level: each `uvicorn.Config` sets it),
+    so neither a handler nor a level can tell the listeners apart; the serving task can."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not SECONDARY_LISTENER.get()
 
 
 class RequestContext(logging.Filter):
@@ -106,10 +122,15 @@ def configure(level: str, log_format: str, stream: Any = None) -> logging.Handle
         uv = logging.getLogger(name)
         uv.handlers.clear()
         uv.propagate = True
+        if not any(isinstance(f, OneBanner) for f in uv.filters):
+            uv.addFilter(OneBanner())
     # httpx logs every upstream request at INFO: one line per call is noise, not signal.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     return handler
 
+
+# The access line's constant fields, encoded once; its time follows, then the rest.
+_ACCESS_HEAD = b'{"level":"info","logger":"gateway.access","message":"mcp request","time":"'
 
 # Access lines are held at most this long, or until this many wait: one write per batch, not
 # per request (a write per loop pass was most of the access log's cost under load).
@@ -128,6 +149,10 @@ class AccessLog:
         self._pending: list[bytes] = []
         self._scheduled = False
         self.written = 0
+        # The line's format is chosen once, and so is whether sampling can drop anything: the
+        # per-request call is one bound method that builds nothing for a line sampled out.
+        self._encode = self._json_line if self.json else self._text_line
+        self.log = self._log_all if sample >= 1.0 else self._log_sampled
         atexit.register(self.flush)
 
     def wants(self, record: RequestRecord) -> bool:
@@ -135,33 +160,15 @@ class AccessLog:
         return (self.sample >= 1.0 or record.status >= 400 or record.code is not None or record.tool_error
                 or random.random() < self.sample)
 
-    def log(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
-        code: int | str | None = record.code if record.code is not None else ("tool_error" if record.tool_error
-                                                                              else None)
-        fields = {
-            "time": _timestamp(time.time()),
-            "level": "info",
-            "logger": "gateway.access",
-            "message": "mcp request",
-            "request_id": record.request_id,
-            "trace_id": trace_id,
-            "method": record.method,
-            "name": record.name,
-            "backend": record.backend,
-            "status": record.status,
-            "jsonrpc_code": code,
-            "duration_ms": seconds * 1000.0,
-            "cache": record.cache,
-            "subject": record.subject,
-            "era": record.era,
-        }
-        if self.json:
-            line = orjson.dumps(fields) + b"\n"
-        else:
-            line = (" ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("level", "logger"))
-                    + "\n").encode()
+    def _log_sampled(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
+        if (record.status < 400 and record.code is None and not record.tool_error
+                and random.random() >= self.sample):
+            return  # sampled out, before anything is built
+        self._log_all(record, seconds, trace_id)
+
+    def _log_all(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
         pending = self._pending
-        pending.append(line)
+        pending.append(self._encode(record, seconds, trace_id))
         if len(pending) >= _FLUSH_LINES:
             self.flush()
         elif not self._scheduled:
@@ -170,6 +177,31 @@ class AccessLog:
                 asyncio.get_running_loop().call_later(_FLUSH_SECONDS, self.flush)
             except RuntimeError:
                 self.flush()
+
+    @staticmethod
+    def _json_line(record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
+        # The constant fields are encoded once (`_ACCESS_HEAD`); the rest is one dict literal
+        # read from the record and one orjson call that adds the newline itself.
+        code = record.code
+        return _ACCESS_HEAD + _timestamp(time.time()).encode() + orjson.dumps({
+            "request_id": record.request_id,
+            "trace_id": trace_id,
+            "method": record.method,
+            "name": record.name,
+            "backend": record.backend,
+            "status": record.status,
+            "jsonrpc_code": code if code is not None else "tool_error" if record.tool_error else None,
+            "duration_ms": seconds * 1000.0,
+            "cache": record.cache,
+            "subject": record.subject,
+            "era": record.era,
+        }, option=orjson.OPT_APPEND_NEWLINE).replace(b"{", b'",', 1)
+
+    @staticmethod
+    def _text_line(record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
+        fields = orjson.loads(AccessLog._json_line(record, seconds, trace_id))
+        return (" ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("level", "logger"))
+                + "\n").encode()
 
     def flush(self) -> None:
         self._scheduled = False

@@ -118,15 +118,15 @@ class RequestTelemetry:
         if record.era == "legacy" and record.translation is None:
             record.translation = "legacy-client"
         trace_id = None
-        if tracing.enabled():
+        if tracing._tracer is not None:
             if record.span is None:
                 # Never dispatched (refused by a policy, unparseable, answered by the gateway
                 # session itself): the span is made now, with the request's arrival as its start.
                 tracing.open_server_span(record, headers)
             trace_id = format(record.span.get_span_context().trace_id, "032x")
             tracing.close_server_span(record)
-        if self.access_log is not None and self.access_log.wants(record):
-            self.access_log.log(record, seconds, trace_id)
+        if self.access_log is not None:
+            self.access_log.log(record, seconds, trace_id)  # sampling decided inside, first
 
     def _peek(self, record: RequestRecord, receive: asgi.Receive) -> asgi.Receive:
         """`receive`, noting the method, name, id and `_meta` of the body it delivers."""

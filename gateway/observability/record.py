@@ -52,6 +52,10 @@ class RequestRecord:
     translation: str | None = None  # legacy-session, legacy-client, mrtr-minted, ...
     subject: str | None = None
     tool_label: str | None = None   # the tool's metric label, when the route table knows it
+    authorization: str | None = None  # allow, deny: what the authorization rules decided
+    authorization_rule: str | None = None  # the deciding rule's id (or rules.N, default)
+    rate_limit: str | None = None   # allow, deny: what the rate limits that apply decided
+    rate_limits: tuple[str, ...] = ()  # the limits counted (allow) or the one that refused (deny)
     status = 500
     span: Any = None
     finished = False
@@ -97,3 +101,19 @@ def note_translation(kind: str) -> None:
     record = CURRENT.get()
     if record is not None and record.translation is None:
         record.translation = kind
+
+
+def note_authorization(allowed: bool, rule: str) -> None:
+    """What the authorization rules decided for this request, and by which rule (its
+    configured id, `rules.N`, or `default`): never the request's own values."""
+    record = CURRENT.get()
+    if record is not None:
+        record.authorization, record.authorization_rule = ("allow" if allowed else "deny"), rule
+
+
+def note_rate_limit(allowed: bool, limits: tuple[str, ...]) -> None:
+    """What the rate limits decided: the limits counted, or the one that refused (labels from
+    the configuration: `id` or `rate_limits.N`)."""
+    record = CURRENT.get()
+    if record is not None:
+        record.rate_limit, record.rate_limits = ("allow" if allowed else "deny"), limits

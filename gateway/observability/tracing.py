@@ -226,6 +226,12 @@ def gateway_attributes(record: RequestRecord) -> dict[str, Any]:
         out["mcp.gateway.result_type"] = record.result_type
     if record.subject:
         out["mcp.gateway.principal.subject"] = record.subject
+    if record.authorization is not None:
+        out["mcp.gateway.authorization.decision"] = record.authorization
+        out["mcp.gateway.authorization.rule"] = record.authorization_rule
+    if record.rate_limit is not None:
+        out["mcp.gateway.rate_limit.decision"] = record.rate_limit
+        out["mcp.gateway.rate_limit.limit"] = list(record.rate_limits)
     return out
 
 
@@ -245,9 +251,10 @@ def error_type(record: RequestRecord) -> str | None:
 
 # -- CLIENT spans and what is injected toward backends ------------------------------------------
 
-def open_client_span(backend: Any, call: Call, attempt_of: str | None = None) -> tuple[Any, Any, Call]:
-    """Start the CLIENT span of one backend call, current until `detach(token)`, and the call
-    to send: `params._meta` and the relayed headers carry the span's context, so that every
+def open_client_span(backend: Any, call: Call, attempt: int = 1) -> tuple[Any, Any, Call]:
+    """Start the CLIENT span of one attempt of a backend call (`attempt`: 1, then one more for
+    each retry or move to another endpoint), current until `detach(token)`, and the call to
+    send: `params._meta` and the relayed headers carry the span's context, so that every
     backend kind gets it (HTTP in headers and body; stdio and legacy backends in `_meta`, which
     their translators keep)."""
     assert _tracer is not None
@@ -258,6 +265,7 @@ def open_client_span(backend: Any, call: Call, attempt_of: str | None = None) ->
         "mcp.gateway.backend.name": backend.name,
         "mcp.gateway.backend.era": getattr(backend, "era", None) or backend.settings.era,
         "mcp.gateway.backend.transport": _backend_transport(backend.settings),
+        "mcp.gateway.attempt": attempt,
     }
     attributes.update(server_address(backend.settings))
     if call.id is not None:
@@ -283,6 +291,24 @@ def open_client_span(backend: Any, call: Call, attempt_of: str | None = None) ->
     headers = {k: v for k, v in call.headers.items() if k not in _CONTEXT_KEYS}
     headers.update(carrier)
     return span, token, replace(call, params=params, headers=headers)
+
+
+def close_failed_attempt(span: Any, error: str, message: str) -> None:
+    """End the CLIENT span of an attempt that failed and is followed by another: `error` is
+    its error.type (the gateway's JSON-RPC code, or the HTTP status of a 5xx answer)."""
+    span.set_attribute("error.type", error)
+    span.set_status(Status(StatusCode.ERROR, message[:200]))
+    span.end()
+
+
+def note_endpoint(url: str) -> None:
+    """server.address/server.port of the endpoint an HTTP backend actually POSTs to, on the
+    current CLIENT span (a backend with several endpoints picks one per attempt)."""
+    if _tracer is None:
+        return
+    span = trace.get_current_span()
+    if span.is_recording() and getattr(span, "kind", None) is SpanKind.CLIENT:
+        span.set_attributes(_url_address(url))
 
 
 def close_client_span(span: Any, code: int | None, message: str | None, tool_error: bool) -> None:
@@ -312,11 +338,16 @@ def server_address(settings: Any) -> dict[str, Any]:
     """server.address/server.port of an HTTP backend (from its URL), network.transport."""
     if settings.command is not None:
         return {"network.transport": "pipe"}
+    return _url_address(settings.url)
+
+
+@functools.lru_cache(maxsize=256)
+def _url_address(url: str) -> dict[str, Any]:
     from urllib.parse import urlsplit
 
-    url = urlsplit(settings.url)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return {"network.transport": "tcp", "server.address": url.hostname or "", "server.port": port}
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return {"network.transport": "tcp", "server.address": parts.hostname or "", "server.port": port}
 
 
 @contextmanager
@@ -350,14 +381,6 @@ def current_trace_id() -> str | None:
         return None
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
-
-
-def note_retry(attempt: int, reason: str) -> None:
-    """A backend retries the call: an event on the current CLIENT span (the backend's retry loop
-    runs inside one `backend.send`; per-attempt spans come with issue 18's retry policy)."""
-    if _tracer is not None:
-        trace.get_current_span().add_event("retry", {"mcp.gateway.attempt": attempt, "mcp.gateway.retry.reason":
-                                                     reason[:200]})
 
 
 def traced(name: str | None, *, translation: str | None = None) -> Callable[[F], F]:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway import asgi
+from gateway.observability.record import note_authorization
 from gateway.policies.head import HeadPolicy
 from gateway.protocol import headers as h
 from gateway.protocol import jsonrpc as rpc
@@ -326,7 +327,8 @@ class Authorization(HeadPolicy):
         else:
             decision = self.rules.decide(principal_of(scope), method, name=target, backend=backend)
         if decision.allowed:
-            return None
+            return None  # the dispatcher decides again from the body, and notes it
+        note_authorization(False, decision.rule)
         return self.rules.refusal(decision, method, target)
 
     def _target(self, raw_method: bytes, raw_name: bytes, version: bytes) -> tuple[str, str, str | None] | None:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from prometheus_client import Counter
 
+from gateway.observability.record import note_rate_limit
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.methods import METHODS
 from gateway.protocol.principal import Principal
@@ -341,6 +342,7 @@ class RateLimits:
                     over = (limit, wait)
             if over is not None:
                 self._refuse(*over)
+            note_rate_limit(True, tuple(limit.label for limit in matched))
             return None
         requests = [(limit.bucket(principal, method, name, backend), limit.interval, limit.burst) for limit in matched]
         if time.monotonic() >= self._shared_down_until:
@@ -375,9 +377,11 @@ class RateLimits:
         for limit, wait in zip(matched, waits, strict=True):
             if wait and wait > 0:
                 self._refuse(limit, wait)
+        note_rate_limit(True, tuple(limit.label for limit in matched))
 
     @staticmethod
     def _refuse(limit: Limit, wait: float) -> None:
+        note_rate_limit(False, (limit.label,))
         RATE_LIMITED.labels(limit.label).inc()
         retry_ms = max(1, math.ceil(wait * 1000))
         raise rpc.gateway_overloaded(

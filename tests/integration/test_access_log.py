@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +124,34 @@ async def test_json_logs_and_access_lines_of_a_scripted_workload(backend, tmp_pa
     assert line_of("legacy_ack")["status"] == 202 and line_of("legacy_call")["name"] == "m__echo"
     assert line_of("legacy_call")["backend"] == "m"
 
+    # Every field of every line, against the answer the line is about: (method, name, backend,
+    # jsonrpc_code, cache, era); status and request id from the answer itself.
+    expected = {
+        "echo": ("tools/call", "m__echo", "m", None, None, "modern"),
+        "fail": ("tools/call", "m__fail", "m", -32602, None, "modern"),
+        "is_error": ("tools/call", "m__is_error", "m", "tool_error", None, "modern"),
+        "read_miss": ("resources/read", "scripted://logged/doc-1", "m", None, "miss", "modern"),
+        "read_hit": ("resources/read", "scripted://logged/doc-1", "m", None, "hit", "modern"),
+        "refused": ("tools/call", None, None, -32600, None, "modern"),
+        "discover": ("server/discover", None, "gateway", None, None, "modern"),  # the gateway's own answer
+        "bad_id": ("tools/list", None, "m", None, "miss", "modern"),  # the one backend that answered
+        "legacy_init": ("initialize", None, "gateway", None, None, "legacy"),  # the gateway's session
+        "legacy_ack": ("notifications/initialized", None, None, None, None, "legacy"),
+        "legacy_call": ("tools/call", "m__echo", "m", None, None, "legacy"),
+    }
+    assert expected.keys() == answers.keys()
+    timestamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+    for label, (method, name, backend_name, code, cache, era) in expected.items():
+        line = line_of(label)
+        assert line == {
+            "time": line["time"], "level": "info", "logger": "gateway.access", "message": "mcp request",
+            "request_id": answers[label].headers["x-request-id"], "trace_id": None,  # tracing is off
+            "method": method, "name": name, "backend": backend_name, "status": answers[label].status_code,
+            "jsonrpc_code": code, "duration_ms": line["duration_ms"], "cache": cache, "subject": None,  # no auth
+            "era": era}, label
+        assert timestamp.fullmatch(line["time"]), line["time"]
+        assert isinstance(line["duration_ms"], float) and 0 < line["duration_ms"] < 10_000, label
+
     # Every line logged while the discover request ran carries its id: the warning about the
     # backend left out, and the access line.
     tagged = [r for r in records if r.get("request_id") == "disc-1"]
@@ -161,3 +190,43 @@ def test_request_ids_are_taken_when_plain_and_bounded():
         made = request_id_from(bad)
         assert made != bad and request_id_from(made) == made
     assert request_id_from(None) != request_id_from(None)
+
+
+async def test_one_request_id_in_the_answer_the_backend_the_span_and_every_log_line(backend, tmp_path: Path):
+    """Issue 21's proof in one request: `X-Request-Id: abc` on a read the backend answers 503
+    the first time, so that the gateway logs its retry while the request runs, through a real
+    gateway process with JSON logs, the access log and tracing on (console exporter: span lines
+    on stderr, which this process's output file shares). `abc` is in the answer, in both
+    requests the backend received, on the SERVER span, and on every log line of the request,
+    whose trace id is the span's."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "backends": [{"name": "m", "url": backend.url, "era": "modern", "resource_prefixes": ["scripted://logged/"]}],
+        "observability": {"log_format": "json", "access_log": True, "tracing": True, "tracing_exporter": "console"},
+    }))
+    gateway = gateway_process(config, env={"OTEL_BSP_SCHEDULE_DELAY": "50"}).start()
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=20) as client:
+            answer = await mcp_http.post(client, gateway.url, "resources/read", {"uri": "scripted://logged/flaky/abc"},
+                                         id=7, extra_headers={"x-request-id": "abc"})
+        time.sleep(0.5)  # the access line's batch and the span exporter's
+    finally:
+        gateway.stop()
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-request-id"] == "abc"
+    received = [c for c in await backend.calls("resources/read") if c["name"] == "scripted://logged/flaky/abc"]
+    assert [c["x-request-id"] for c in received] == ["abc", "abc"]  # the 503'd attempt and the retry
+
+    lines = [json.loads(line) for line in gateway.output().splitlines()]  # logs and spans: JSON each
+    spans = [line for line in lines if "span_id" in line]
+    logs = [line for line in lines if "span_id" not in line]
+    [server] = [s for s in spans if s["kind"] == "SERVER" and s["attributes"].get("mcp.gateway.request_id") == "abc"]
+    assert server["name"] == "resources/read"
+    # The backend's requests continued the SERVER span's trace.
+    assert [c["traceparent"].split("-")[1] for c in received] == [server["trace_id"]] * 2
+    of_request = [r for r in logs if r.get("request_id") == "abc"]
+    assert {r["logger"] for r in of_request} == {"gateway.backends.retry", "gateway.access"}, of_request
+    assert any("retrying resources/read on m" in r["message"] for r in of_request)
+    assert all(r["trace_id"] == server["trace_id"] for r in of_request), of_request
+    # No line of that trace lacks the id: every log line of the request carries it.
+    assert [r for r in logs if r.get("trace_id") == server["trace_id"] and r.get("request_id") != "abc"] == []

@@ -424,13 +424,4 @@ async def test_spans_reach_an_otlp_collector_with_the_configured_service(modern,
     assert sys.executable  # the gateway ran as `python -m gateway serve`
 
 
-async def test_a_retried_read_shows_its_retry_on_the_client_span(gateway, client, spans):
-    spans.clear()
-    # The scripted backend answers 503 to the first attempt of a flaky/ URI; reads are retried.
-    response = await mcp_http.post(client, gateway.url, "resources/read", {"uri": "scripted://modern/flaky/trace-1"},
-                                   meta={**META_CONTEXT, "progressToken": "bypass-the-cache"})
-    assert response.status_code == 200, response.text
-    call = _one(_trace(spans, TRACE_ID), SpanKind.CLIENT, "resources/read")
-    [retry] = [e for e in call.events if e.name == "retry"]
-    assert retry.attributes["mcp.gateway.attempt"] == 2 and "503" in retry.attributes["mcp.gateway.retry.reason"]
-    assert call.status.status_code is StatusCode.UNSET
+# A CLIENT span per attempt when a call is retried: test_tracing_attempts.py.

@@ -1,0 +1,170 @@
+"""Instructions per request, counted by valgrind, for trees compared in the same run.
+
+On a machine shared with other tenants, CPU time per request moves by ±10–30 µs between
+identical runs, more than a few-µs cost can be told from. An instruction count does not depend
+on the load: this runs bench/inprocess.py's pass-through `tools/call` loop (32 callers, the
+backend `bench/backend.py` in its own process, not counted) under `valgrind --tool=callgrind`
+twice per configuration, with `--small` and `--large` requests after the same warm-up, and
+reports (instructions(large) − instructions(small)) / (large − small): the gateway process's
+instructions per request, start-up and warm-up cancelled out.
+
+    python bench/instructions.py --tree pre21=/work/wt/base-pre21 --tree base=/work/wt/base \\
+        --tree this=. --tree this-json=.:access-log
+
+A tree is a directory holding gateway/ (its own .venv/bin/python when it has one); `:access-log`
+turns `observability: {log_format: json, access_log: true}` on (lines to a temporary file).
+No bench lock is taken: instruction counts are not disturbed by other processes. Needs valgrind
+(Debian's package). Instructions are not time: bench/README.md "Observability" says how the
+counts relate to µs on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+
+
+def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
+    """Runs under valgrind: the tree's gateway app, warmed, then `requests` calls."""
+    sys.path[:0] = [tree]
+    sys.path.append(str(BENCH))
+    from inprocess import request  # the same request as bench/inprocess.py
+
+    from gateway.app import build_app
+    from gateway.settings import GatewaySettings
+
+    extra: dict[str, Any] = {}
+    if access_log:
+        sink = tempfile.NamedTemporaryFile(prefix="instructions-access-", suffix=".log", delete=False)
+        os.dup2(sink.fileno(), 1)
+        extra["observability"] = {"access_log": True, "log_format": "json"}
+    backend = {"name": "bench", "url": f"http://127.0.0.1:{port}/mcp", "era": "modern", "prefix": "",
+               "timeout_seconds": 120, "list_timeout_seconds": 120}
+    # Under valgrind everything is ~40x slower: no active health checks or ejections to time
+    # out meanwhile (trees from before issue 18 have no `health` block: they had neither).
+    try:
+        settings = GatewaySettings(backends=[{**backend, "health": {"check_interval_seconds": 0,
+                                                                    "consecutive_failures": 1_000_000}}],
+                                   cache={"store": "memory"}, **extra)
+    except ValueError:
+        settings = GatewaySettings(backends=[backend], cache={"store": "memory"}, **extra)
+    app = build_app(settings)
+    body, headers = request("call")
+
+    async def one() -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
+                 "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+        status: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            if pending:
+                return pending.pop()
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        await app(scope, receive, send)
+        if status != [200]:
+            raise SystemExit(f"the gateway answered {status}, not 200")
+
+    async def main() -> None:
+        lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+        started = asyncio.Event()
+
+        async def lifespan_send(message: dict[str, str]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                started.set()
+
+        await lifespan.put({"type": "lifespan.startup"})
+        task = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, lifespan_send))
+        await asyncio.wait_for(started.wait(), 120)
+        for _ in range(300):
+            await one()
+        gc.freeze()
+
+        async def caller(n: int) -> None:
+            for _ in range(n):
+                await one()
+
+        await asyncio.gather(*(caller(requests // 32) for _ in range(32)))
+        await lifespan.put({"type": "lifespan.shutdown"})
+        await task
+
+    import uvloop
+
+    uvloop.run(main())
+
+
+def _count(python: str, tree: str, requests: int, access_log: bool, port: int) -> int:
+    argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, __file__, "--inner", tree,
+            "--requests", str(requests), "--port", str(port)] + (["--access-log"] if access_log else [])
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tree)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"{tree}: valgrind run failed:\n{done.stderr[-3000:]}")
+    return int(found.group(1))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--tree", action="append", default=[], help="NAME=DIR[:access-log], repeatable")
+    p.add_argument("--small", type=int, default=320)
+    p.add_argument("--large", type=int, default=1920)
+    p.add_argument("--inner", help=argparse.SUPPRESS)
+    p.add_argument("--requests", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--access-log", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.inner:
+        _inner(args.inner, args.requests, args.access_log, args.port)
+        return 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = subprocess.Popen([sys.executable, str(BENCH / "backend.py"), "--port", str(port), "--mode", "modern",
+                                "--tools", "50", "--ttl-ms", "60000"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        for spec in args.tree:
+            name, _, where = spec.partition("=")
+            tree, _, option = where.partition(":")
+            tree = str(Path(tree).resolve())
+            python = str(Path(tree) / ".venv/bin/python")
+            if not os.path.exists(python):
+                python = sys.executable
+            small = _count(python, tree, args.small, option == "access-log", port)
+            large = _count(python, tree, args.large, option == "access-log", port)
+            per_request = (large - small) / ((args.large // 32 - args.small // 32) * 32)
+            print(f"{name}: {per_request:,.0f} instructions per request ({tree}{' + JSON access log' if option else ''})",
+                  flush=True)
+    finally:
+        backend.kill()
+        backend.wait(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
