@@ -217,6 +217,10 @@ class AutoBackend(Backend):
                 era: Kind = await self._probe()
                 if era not in self._delegates:
                     backend = self._make(era)
+                    # One remembered health per name, whichever era serves it: a delegate that
+                    # reports per endpoint itself (stdio instances) reports where the
+                    # dispatcher, the checks and /metrics look.
+                    backend.health = self.health
                     await backend.start()
                     self._delegates[era] = backend
                 log.info("backend %s: speaks the %s", self.name, _SPOKEN[era])
@@ -233,6 +237,12 @@ class AutoBackend(Backend):
                 self.era = None
             self.last_error = exc.message
             raise
+
+    async def check_endpoint(self, index: int) -> None:
+        if len(self.health.endpoints) == 1:
+            await self.health_check()
+        else:
+            await (await self._delegate()).check_endpoint(index)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(b.aclose() for b in self._delegates.values()), return_exceptions=True)

@@ -1,0 +1,266 @@
+"""`backends[].instances: N` (issue 18 item 3; docs/resilience.md "stdio instances"): N real
+processes of one stdio command behind one name, of both eras.
+
+The modern fixture (tests/fixtures/servers/modern_stdio.py, mcp==2.3.0) and the legacy one
+(legacy_everything.py --stdio, mcp==1.30.0) each report their process id (the `pid` tool, the
+`demo://pid` resource), so which process served a call is the process's own word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import mcp
+import pytest
+from mcp_types import ElicitResult
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.backends.base import internal_call
+from tests.support import legacy_venv
+from tests.support.gateway import running_gateway
+from tests.support.listen import ListenReader, eventually
+from tests.support.mcp_http import post, sse_messages
+from tests.support.procs import FIXTURE_SERVERS
+
+MODERN = [sys.executable, str(FIXTURE_SERVERS / "modern_stdio.py")]
+
+
+def _legacy() -> list[str]:
+    return [legacy_venv.legacy_python(), str(FIXTURE_SERVERS / "legacy_everything.py"), "--stdio"]
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+        yield http
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        return sse_messages(response.text)[-1]
+    return response.json()
+
+
+def _text(response: httpx.Response) -> str | None:
+    """The text of a successful tools/call or resources/read answer; None when it failed."""
+    if response.status_code != 200:
+        return None
+    result = _answer(response).get("result")
+    if not isinstance(result, dict) or result.get("isError"):
+        return None
+    for item in result.get("content") or result.get("contents") or ():
+        if isinstance(item.get("text"), str):
+            return item["text"]
+    return None
+
+
+async def _metric(client: httpx.AsyncClient, base: str, name: str, **labels: str) -> float | None:
+    text = (await client.get(f"{base}/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+async def test_three_modern_instances_share_the_calls_and_one_killed_under_load_comes_back(client):
+    """Calls spread over all three processes; one is SIGKILLed under load: no read fails (an
+    idempotent read it lost is retried on another instance), no call sent after the kill
+    fails (the dead process is out of rotation, and a request it could not read goes to
+    another at once), and only a tools/call it had already read can be lost, as with one
+    process (STDIO §Unexpected Termination). It is restarted, checked and serves again, and
+    /metrics shows its ejection and return by instance index."""
+    health = {"check_interval_seconds": 0.5, "check_timeout_seconds": 5, "base_ejection_seconds": 60}
+    settings = {"backends": [{"name": "trio", "command": MODERN, "era": "modern", "instances": 3,
+                              "restart_backoff_seconds": 1.0, "health": health}],
+                "cache": {"store": "none"}}
+    async with running_gateway(settings) as gw:
+        (trio,) = gw.runtime.backends
+        await eventually(lambda: all(trio.pids), timeout=20)
+        started = set(trio.pids)
+        assert len(started) == 3
+
+        served: Counter[str] = Counter()
+        read_failures: list[str] = []
+        call_failures: list[tuple[float, str]] = []
+        stop = asyncio.Event()
+
+        async def reader() -> None:
+            async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+                while not stop.is_set():
+                    response = await post(http, gw.url, "resources/read", {"uri": "demo://pid"})
+                    pid = _text(response)
+                    if pid is None:
+                        read_failures.append(response.text)
+                    else:
+                        served[pid] += 1
+
+        async def caller() -> None:
+            async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+                while not stop.is_set():
+                    sent = time.monotonic()
+                    response = await post(http, gw.url, "tools/call", {"name": "pid", "arguments": {}})
+                    pid = _text(response)
+                    if pid is None:
+                        call_failures.append((sent, response.text))
+                    else:
+                        served[pid] += 1
+
+        tasks = [asyncio.create_task(reader()) for _ in range(4)] + [asyncio.create_task(caller()) for _ in range(4)]
+        try:
+            # Spread: every process serves (power of two choices on requests in flight).
+            await eventually(lambda: all(served[str(pid)] >= 10 for pid in started), timeout=20)
+            victim_index = 1
+            victim = trio.pids[victim_index]
+            killed_at = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+
+            async def down() -> bool:
+                return await _metric(client, gw.base, "mcp_gateway_backend_endpoint_up", backend="trio",
+                                     endpoint=f"instance-{victim_index}") == 0
+
+            await eventually(down, timeout=5)
+            after_kill = sum(served.values())
+
+            async def back() -> bool:
+                return await _metric(client, gw.base, "mcp_gateway_backend_endpoint_up", backend="trio",
+                                     endpoint=f"instance-{victim_index}") == 1
+
+            await eventually(back, timeout=20)
+            reborn = trio.pids[victim_index]
+            assert reborn not in (None, victim)
+            # Back in rotation: the new process serves calls again.
+            await eventually(lambda: served[str(reborn)] >= 10, timeout=20)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+
+        assert sum(served.values()) > after_kill + 50
+        assert read_failures == [], read_failures[:3]
+        # Lost calls are only those the dead process had read: sent before the kill, failing
+        # with its exit. None sent after it failed.
+        assert all(sent < killed_at and "exited" in text for sent, text in call_failures), call_failures[:3]
+        assert len(call_failures) <= 4, call_failures
+        assert served[str(victim)] > 0
+        assert await _metric(client, gw.base, "mcp_gateway_backend_ejections_total", backend="trio") >= 1
+        assert await _metric(client, gw.base, "mcp_gateway_backend_up", backend="trio") == 1
+        assert await _metric(client, gw.base, "mcp_gateway_stdio_restarts_total", backend="trio") >= 1
+        print(f"{sum(served.values())} answered by {dict(served)}; {len(call_failures)} calls lost in the kill")
+
+
+async def test_a_call_that_no_process_could_read_goes_to_another_instance():
+    """tools/call is not idempotent, yet one written to an instance that died a moment ago
+    (its pipe refuses the write before the gateway has seen the death) goes to another one
+    and is answered: no process read it. retries: 0, so that no retry can be what saves it."""
+    settings = {"backends": [{"name": "duo", "command": MODERN, "era": "modern", "instances": 2, "retries": 0,
+                              "restart_backoff_seconds": 5.0, "health": {"check_interval_seconds": 0}}],
+                "cache": {"store": "none"}}
+    async with running_gateway(settings) as gw:
+        (duo,) = gw.runtime.backends
+        await eventually(lambda: all(duo.pids), timeout=20)
+        dead, alive = duo.pids
+        # Killed and waited for without yielding to the event loop: the gateway has not read
+        # the end of its stdout, so the picker still takes it for a running process.
+        os.kill(dead, signal.SIGKILL)
+        _wait_gone(dead)
+        assert duo.pids == (dead, alive)
+        # Make the dead one the choice: the picker prefers fewer requests in flight.
+        duo.health.endpoints[1].in_flight += 100
+        try:
+            reply = await duo.send(internal_call("tools/call", {"name": "pid", "arguments": {}}))
+            message = await reply.final()
+            await reply.aclose()
+        finally:
+            duo.health.endpoints[1].in_flight -= 100
+        assert message["result"]["content"][0]["text"] == str(alive)
+        assert [e.in_flight for e in duo.health.endpoints] == [0, 0]
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split()[2] == "Z":
+                    return  # dead, not yet reaped: its pipes are closed
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not die")
+
+
+async def test_max_concurrent_calls_bounds_the_backend_not_each_instance(client):
+    settings = {"backends": [{"name": "trio", "command": MODERN, "era": "modern", "instances": 3,
+                              "max_concurrent_calls": 2, "max_queued_calls": 0}],
+                "cache": {"store": "none"}}
+    async with running_gateway(settings) as gw:
+        slow = {"name": "slow_echo", "arguments": {"text": "x", "delay": 1.0}}
+        responses = await asyncio.gather(*(post(client, gw.url, "tools/call", slow) for _ in range(3)))
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses == [200, 200, 503], [r.text for r in responses]
+        refused = next(r for r in responses if r.status_code == 503).json()["error"]
+        assert refused["code"] == -31004 and refused["data"]["backend"] == "trio"
+
+
+async def test_legacy_stdio_two_instances_each_with_its_own_session_and_mrtr_across_them():
+    """era: auto finds the initialize-era protocol; two processes, each initialized once (one
+    legacy session per process), both serving; a call parked for an MRTR answer resumes on
+    its own session whichever instance the client's retry reaches."""
+    async def elicit(context, params):  # noqa: ANN001
+        return ElicitResult(action="accept", content={"answer": "both"})
+
+    settings = {"backends": [{"name": "files", "command": _legacy(), "instances": 2}]}
+    async with running_gateway(settings) as gw:
+        (auto,) = gw.runtime.backends
+        assert auto.era == "legacy"
+        pair = auto._delegates["legacy"]
+        async with mcp.Client(gw.url, mode="2026-07-28", elicitation_callback=elicit) as session:
+            answers = await asyncio.gather(*(session.call_tool("pid", {}) for _ in range(30)))
+            pids = Counter(a.content[0].text for a in answers)
+            assert set(pids) == {str(p) for p in pair.pids}, pids
+            # Each process holds exactly one legacy session, on its own pipe.
+            for instance in pair.instances:
+                (one,) = instance.pool.sessions()
+                assert one.process is instance.process and one.generation == 1
+            # One at a time: on stdio a backend request names no request, so it is credited
+            # only when one call is in flight on its session (legacy/stdio.py). Each retry is
+            # sent to either instance (both idle): half of them reach the other one.
+            for i in range(10):
+                asked = await session.call_tool("ask_user", {"question": f"q{i}"})
+                assert asked.content[0].text == "accept: both", asked.content
+        assert len(pair.instances[0].continuations) == 0
+
+
+async def test_a_listen_goes_through_one_instance_and_moves_when_it_dies(client):
+    """One upstream listen for N processes (not N copies of each change); when its process
+    dies, the hub listens again through the other instance and the listener is told that the
+    list may have changed meanwhile."""
+    settings = {"backends": [{"name": "files", "command": _legacy(), "era": "legacy", "instances": 2,
+                              "restart_backoff_seconds": 2.0}],
+                "subscriptions": {"linger_seconds": 0.2}}
+    async with running_gateway(settings) as gw:
+        (pair,) = gw.runtime.backends
+        listener = await ListenReader(client, gw.url, {"toolsListChanged": True}).open()
+        try:
+            assert listener.messages[0]["method"] == "notifications/subscriptions/acknowledged"
+            assert listener.messages[0]["params"]["notifications"].get("toolsListChanged") is True
+
+            def listening() -> list[int]:
+                return [i for i, instance in enumerate(pair.instances) if instance.listens._listeners]
+
+            await eventually(lambda: len(listening()) == 1, timeout=10)
+            (first,) = listening()
+            os.kill(pair.pids[first], signal.SIGKILL)
+            await eventually(lambda: listening() == [1 - first], timeout=15)
+            await listener.wait(lambda: any(m.get("method") == "notifications/tools/list_changed"
+                                            for m in listener.messages[1:]), timeout=15)
+        finally:
+            await listener.close()
