@@ -32,3 +32,18 @@ def choose(endpoints: list[EndpointHealth], avoid: Collection[EndpointHealth] = 
         return ready[0]
     a, b = random.sample(ready, 2)
     return a if a.in_flight <= b.in_flight else b
+
+
+class InFlightRelease:
+    """An endpoint's in-flight count, given back once when a streamed answer closes (it may
+    be closed without ever being read, and then no generator `finally` runs)."""
+
+    __slots__ = ("_endpoint",)
+
+    def __init__(self, endpoint: EndpointHealth) -> None:
+        self._endpoint: EndpointHealth | None = endpoint
+
+    def release(self) -> None:
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.in_flight -= 1

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Collection
 
 from gateway.backends import health_checks
 from gateway.backends.base import Backend, Message, Reply, aclose
-from gateway.backends.endpoints import choose
+from gateway.backends.endpoints import InFlightRelease, choose
 from gateway.backends.errors import never_sent
 from gateway.backends.health import EndpointHealth
 from gateway.backends.stdio_process import StdioProcess
@@ -47,21 +47,6 @@ from gateway.settings import BackendSettings
 # (the settings of one instance, its index) -> that instance: a one-process stdio backend.
 InstanceFactory = Callable[[BackendSettings, int], Backend]
 _FAILURES = (rpc.BACKEND_UNAVAILABLE, rpc.BACKEND_TIMEOUT)
-
-
-class _Release:
-    """An instance's in-flight count, given back once (a streamed answer may be closed
-    without ever being read, and then no generator `finally` runs)."""
-
-    __slots__ = ("_endpoint",)
-
-    def __init__(self, endpoint: EndpointHealth) -> None:
-        self._endpoint: EndpointHealth | None = endpoint
-
-    def __call__(self) -> None:
-        endpoint, self._endpoint = self._endpoint, None
-        if endpoint is not None:
-            endpoint.in_flight -= 1
 
 
 class StdioInstances(Backend):
@@ -151,14 +136,14 @@ class StdioInstances(Backend):
             else:
                 endpoint.succeeded()
             return reply
-        release = _Release(endpoint)
+        release = InFlightRelease(endpoint).release
         reply.stream = self._outcome(reply.stream, endpoint, release)
         reply.closers.append(release)
         return reply
 
     @staticmethod
     async def _outcome(stream: AsyncIterator[Message], endpoint: EndpointHealth,
-                       release: _Release) -> AsyncIterator[Message]:
+                       release: Callable[[], None]) -> AsyncIterator[Message]:
         try:
             async for message in stream:
                 if "method" not in message:

@@ -69,10 +69,11 @@ async def timed_get(client: httpx.AsyncClient, url: str, **kwargs: Any) -> tuple
 
 async def test_probes_answer_at_once_while_a_backend_hangs(backend, blackhole, tmp_path):
     # One healthy backend, one that accepts TCP and never answers: the probe reads the state
-    # the background checks keep, so it never waits for the hung one (before: 2.0 s each).
+    # the health checks keep, so it never waits for the hung one (before: 2.0 s each).
+    checked = {"check_interval_seconds": 1}
     gw, ops = start_gateway(tmp_path, {
-        "backends": [{"name": "good", "url": backend.url}, {"name": "hung", "url": blackhole.url}],
-        "server": {"readiness_interval_seconds": 1}})
+        "backends": [{"name": "good", "url": backend.url, "health": checked},
+                     {"name": "hung", "url": blackhole.url, "health": checked}]})
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
             async def good_is_ok() -> bool:
@@ -100,9 +101,10 @@ async def test_probes_answer_at_once_while_a_backend_hangs(backend, blackhole, t
 
 async def test_readiness_requirement_all_is_not_ready_while_one_backend_hangs(backend, blackhole, tmp_path):
     gw, ops = start_gateway(tmp_path, {
-        "backends": [{"name": "good", "url": backend.url},
-                     {"name": "hung", "url": blackhole.url, "list_timeout_seconds": 0.3}],
-        "server": {"readiness": "all", "readiness_interval_seconds": 1}})
+        "backends": [{"name": "good", "url": backend.url, "health": {"check_interval_seconds": 1}},
+                     {"name": "hung", "url": blackhole.url, "list_timeout_seconds": 0.3,
+                      "health": {"check_interval_seconds": 1, "check_timeout_seconds": 0.3}}],
+        "server": {"readiness": "all"}})
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
             async def hung_is_failing() -> bool:
@@ -114,7 +116,7 @@ async def test_readiness_requirement_all_is_not_ready_while_one_backend_hangs(ba
             assert response.json() == {"status": "not ready", "backends": {"good": "ok", "hung": "failing"}}
     finally:
         gw.stop()
-    assert "hung: not ready" in gw.output()  # the detail went to the log
+    assert "backend hung: down" in gw.output()  # the detail went to the log (backends/health.py)
 
 
 async def test_the_ops_listener_answers_any_host_and_the_mcp_listener_does_not(backend, tmp_path):
