@@ -592,6 +592,18 @@ def wl_passthrough_call(ctx: Context) -> list[Target]:
     ]
 
 
+def wl_stdio_call(ctx: Context) -> list[Target]:
+    """tools/call echo through the gateway to a modern stdio backend (the mcp==2.3.0 test
+    fixture), one process vs `instances: 3` (issue 18 item 3). The processes inherit the
+    gateway's CPU: this is what choosing among instances costs, not extra cores."""
+    fixture = [PY, str(REPO / "tests" / "fixtures" / "servers" / "modern_stdio.py")]
+    one = {"name": "bench", "command": fixture, "era": "modern", "prefix": ""}
+    return [
+        ctx.gateway_target(CALL_ECHO, check_call, [one], name="stdio-1"),
+        ctx.gateway_target(CALL_ECHO, check_call, [{**one, "instances": 3}], name="stdio-3"),
+    ]
+
+
 def wl_passthrough_credentials(ctx: Context) -> list[Target]:
     """tools/call pass-through with no backend credentials, with `auth: {type: headers}`, and
     with a cached `oauth_client_credentials` token, against one backend in the same run
@@ -977,6 +989,9 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
     # name: (function, what it measures, in the default set)
     "passthrough-call": (wl_passthrough_call,
                          "tools/call echo on a modern backend: direct, nginx, gateway", True),
+    "stdio-call": (wl_stdio_call,
+                   "tools/call echo through the gateway to a modern stdio backend: 1 process vs"
+                   " instances: 3", False),
     "passthrough-credentials": (wl_passthrough_credentials,
                                 "tools/call pass-through: no backend credentials vs auth headers vs a"
                                 " cached client-credentials token", False),
