@@ -21,7 +21,7 @@ import yaml
 from tests.support import mcp_http
 from tests.support.legacy_venv import legacy_server
 from tests.support.listen import ListenReader, eventually
-from tests.support.procs import Proc, free_port, gateway_process
+from tests.support.procs import Proc, free_port, gateway_process, wait_for_port
 from tests.support.scripted import Scripted
 from tests.support.sockets import Blackhole
 
@@ -55,7 +55,10 @@ def start_gateway(tmp_path: Path, config: dict[str, Any], **env: str) -> tuple[P
     server = {"ops_port": ops_port, **config.pop("server", {})}
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump({"server": server, **config}))
-    return gateway_process(path, env=env).start(), ops_port
+    gw = gateway_process(path, env=env).start()
+    # The operations listener starts just after the MCP one (lifecycle.run_until_stopped).
+    wait_for_port(ops_port, proc=gw.proc)
+    return gw, ops_port
 
 
 async def timed_get(client: httpx.AsyncClient, url: str, **kwargs: Any) -> tuple[httpx.Response, float]:
@@ -127,6 +130,10 @@ async def test_the_ops_listener_answers_any_host_and_the_mcp_listener_does_not(b
                  "hs256_secret": "x" * 32, "authorization_servers": ["https://idp.example"]}})
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+            async def ready() -> bool:  # the start-up discovery has answered (readiness.py)
+                return (await client.get(f"http://127.0.0.1:{ops}/readyz")).status_code == 200
+
+            await eventually(ready, timeout=10)
             # The kubelet and Prometheus: Host is the pod IP, no token, no Origin checks.
             for path in ("/healthz", "/readyz", "/metrics"):
                 response = await client.get(f"http://127.0.0.1:{ops}{path}",

@@ -258,9 +258,12 @@ async def test_a_listen_goes_through_one_instance_and_moves_when_it_dies(client)
 
             await eventually(lambda: len(listening()) == 1, timeout=10)
             (first,) = listening()
+            killed = time.monotonic()
             os.kill(pair.pids[first], signal.SIGKILL)
             await eventually(lambda: listening() == [1 - first], timeout=15)
             await listener.wait(lambda: any(m.get("method") == "notifications/tools/list_changed"
                                             for m in listener.messages[1:]), timeout=15)
+            print(f"the listen moved to the other instance and the listener was told "
+                  f"{time.monotonic() - killed:.2f}s after the kill")
         finally:
             await listener.close()
