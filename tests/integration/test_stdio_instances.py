@@ -143,7 +143,7 @@ async def test_three_modern_instances_share_the_calls_and_one_killed_under_load_
             stop.set()
             await asyncio.gather(*tasks)
 
-        assert sum(served.values()) > after_kill + 50
+        assert sum(served.values()) > after_kill  # the others kept serving meanwhile
         assert read_failures == [], read_failures[:3]
         # Lost calls are only those the dead process had read: sent before the kill, failing
         # with its exit. None sent after it failed.
