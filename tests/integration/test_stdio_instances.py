@@ -198,10 +198,16 @@ def _wait_gone(pid: int) -> None:
 
 
 async def test_max_concurrent_calls_bounds_the_backend_not_each_instance(client):
-    settings = {"backends": [{"name": "trio", "command": MODERN, "era": "modern", "instances": 3,
+    """With era: auto too: the era probe's process becomes the first instance."""
+    settings = {"backends": [{"name": "trio", "command": MODERN, "instances": 3,
                               "max_concurrent_calls": 2, "max_queued_calls": 0}],
                 "cache": {"store": "none"}}
     async with running_gateway(settings) as gw:
+        (auto,) = gw.runtime.backends
+        assert auto.era == "modern"
+        trio = auto._delegates["modern"]
+        assert trio.health is auto.health
+        await eventually(lambda: all(trio.pids) and len(set(trio.pids)) == 3, timeout=20)
         slow = {"name": "slow_echo", "arguments": {"text": "x", "delay": 1.0}}
         responses = await asyncio.gather(*(post(client, gw.url, "tools/call", slow) for _ in range(3)))
         statuses = sorted(r.status_code for r in responses)
