@@ -84,12 +84,20 @@ class StdioInstances(Backend):
 
     def _choose(self, unsent: Collection[EndpointHealth]) -> EndpointHealth | None:
         """An instance in rotation whose process runs, outside `unsent`; when none runs, one
-        whose process is (re)starting (the write waits `connect_timeout_seconds` for it)."""
+        whose process is (re)starting (the write waits `connect_timeout_seconds` for it).
+
+        While nothing is in flight, the first such instance: an idle backend's calls stay on
+        one warm process. Sequential calls spread over processes sharing a CPU cost about
+        0.5 ms each (bench/README.md "stdio instances"); as soon as calls overlap, power of
+        two choices spreads them."""
         endpoints = self.health.endpoints
         stopped = [e for e, process in zip(endpoints, self.processes) if process.pid is None]
-        if not stopped:
-            return choose(endpoints, unsent)
-        return choose(endpoints, (*unsent, *stopped)) or choose(endpoints, unsent)
+        avoid = (*unsent, *stopped)
+        if all(e.in_flight == 0 for e in endpoints):
+            for endpoint in endpoints:
+                if endpoint.ejected_until == 0.0 and endpoint not in avoid:
+                    return endpoint
+        return choose(endpoints, avoid) or choose(endpoints, unsent)
 
     async def send(self, call: Call) -> Reply:
         if call.is_notification:

@@ -69,6 +69,8 @@ class StdioProcess:
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
         self._write_lock = asyncio.Lock()
+        # The running process's stdout has ended (it is exiting): no more writes to it.
+        self._stdout_ended = False
 
     @property
     def pid(self) -> int | None:
@@ -87,9 +89,14 @@ class StdioProcess:
         except TimeoutError:
             raise mark_never_sent(
                 rpc.backend_unavailable(self.name, f"process {self.command[0]!r} is not running")) from None
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None
         async with self._write_lock:
+            proc = self._proc
+            if proc is None or proc.returncode is not None or not self._started.is_set() or self._stdout_ended:
+                # It exited while this caller waited (its death may already have failed the
+                # request's exchange): nothing was written, so it may go elsewhere.
+                raise mark_never_sent(rpc.backend_unavailable(
+                    self.name, f"process {self.command[0]!r} exited before the request was written"))
+            assert proc.stdin is not None
             with upstream_errors(self.name, timeout=wait):
                 try:
                     proc.stdin.write(orjson.dumps(message) + b"\n")
@@ -141,6 +148,7 @@ class StdioProcess:
                 reason = f"cannot start {self.command[0]!r}: {exc}"
             else:
                 self._proc = proc
+                self._stdout_ended = False
                 self.generation += 1
                 if self.generation > 1:  # a restart, of any stdio process (modern or legacy)
                     metrics.STDIO_RESTARTS.labels(self.name).inc()
@@ -149,6 +157,7 @@ class StdioProcess:
                 self._tell(True, f"started (pid {proc.pid})")
                 stderr = asyncio.ensure_future(self._drain_stderr(proc))
                 await self._read_stdout(proc)
+                self._stdout_ended = True
                 code = await proc.wait()
                 self._started.clear()
                 await stderr

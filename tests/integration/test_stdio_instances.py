@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import mcp
 import pytest
-from mcp_types import ElicitResult
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.backends.base import internal_call
+from gateway.backends.errors import never_sent
+from gateway.backends.stdio_process import StdioProcess
+from gateway.protocol import jsonrpc as rpc
 from tests.support import legacy_venv
 from tests.support.gateway import running_gateway
 from tests.support.listen import ListenReader, eventually
@@ -73,11 +73,12 @@ async def _metric(client: httpx.AsyncClient, base: str, name: str, **labels: str
 
 async def test_three_modern_instances_share_the_calls_and_one_killed_under_load_comes_back(client):
     """Calls spread over all three processes; one is SIGKILLed under load: no read fails (an
-    idempotent read it lost is retried on another instance), no call sent after the kill
-    fails (the dead process is out of rotation, and a request it could not read goes to
-    another at once), and only a tools/call it had already read can be lost, as with one
-    process (STDIO §Unexpected Termination). It is restarted, checked and serves again, and
-    /metrics shows its ejection and return by instance index."""
+    idempotent read it lost is retried on another instance), no call sent after the gateway
+    saw the death fails (the dead process is out of rotation), and only a tools/call written
+    to it before then can be lost, as with one process (STDIO §Unexpected Termination: it
+    may have been read; in the instant after a SIGKILL the dying process's threads still hold
+    its stdin, so a write then succeeds and is lost too). It is restarted, checked and serves
+    again, and /metrics shows its ejection and return by instance index."""
     health = {"check_interval_seconds": 0.5, "check_timeout_seconds": 5, "base_ejection_seconds": 60}
     settings = {"backends": [{"name": "trio", "command": MODERN, "era": "modern", "instances": 3,
                               "restart_backoff_seconds": 1.0, "health": health}],
@@ -128,6 +129,7 @@ async def test_three_modern_instances_share_the_calls_and_one_killed_under_load_
                                      endpoint=f"instance-{victim_index}") == 0
 
             await eventually(down, timeout=5)
+            seen_dead_at = trio.health.endpoints[victim_index].last_ejected  # the gateway's notice
             after_kill = sum(served.values())
 
             async def back() -> bool:
@@ -145,9 +147,10 @@ async def test_three_modern_instances_share_the_calls_and_one_killed_under_load_
 
         assert sum(served.values()) > after_kill  # the others kept serving meanwhile
         assert read_failures == [], read_failures[:3]
-        # Lost calls are only those the dead process had read: sent before the kill, failing
-        # with its exit. None sent after it failed.
-        assert all(sent < killed_at and "exited" in text for sent, text in call_failures), call_failures[:3]
+        # Lost calls are only those written to the dying process: sent before the gateway saw
+        # its death, failing with its exit. None sent after that failed.
+        assert killed_at < seen_dead_at
+        assert all(sent < seen_dead_at and "exited" in text for sent, text in call_failures), call_failures[:3]
         assert len(call_failures) <= 4, call_failures
         assert served[str(victim)] > 0
         assert await _metric(client, gw.base, "mcp_gateway_backend_ejections_total", backend="trio") >= 1
@@ -156,45 +159,24 @@ async def test_three_modern_instances_share_the_calls_and_one_killed_under_load_
         print(f"{sum(served.values())} answered by {dict(served)}; {len(call_failures)} calls lost in the kill")
 
 
-async def test_a_call_that_no_process_could_read_goes_to_another_instance():
-    """tools/call is not idempotent, yet one written to an instance that died a moment ago
-    (its pipe refuses the write before the gateway has seen the death) goes to another one
-    and is answered: no process read it. retries: 0, so that no retry can be what saves it."""
-    settings = {"backends": [{"name": "duo", "command": MODERN, "era": "modern", "instances": 2, "retries": 0,
-                              "restart_backoff_seconds": 5.0, "health": {"check_interval_seconds": 0}}],
-                "cache": {"store": "none"}}
-    async with running_gateway(settings) as gw:
-        (duo,) = gw.runtime.backends
-        await eventually(lambda: all(duo.pids), timeout=20)
-        dead, alive = duo.pids
-        # Killed and waited for without yielding to the event loop: the gateway has not read
-        # the end of its stdout, so the picker still takes it for a running process.
-        os.kill(dead, signal.SIGKILL)
-        _wait_gone(dead)
-        assert duo.pids == (dead, alive)
-        # Make the dead one the choice: the picker prefers fewer requests in flight.
-        duo.health.endpoints[1].in_flight += 100
-        try:
-            reply = await duo.send(internal_call("tools/call", {"name": "pid", "arguments": {}}))
-            message = await reply.final()
-            await reply.aclose()
-        finally:
-            duo.health.endpoints[1].in_flight -= 100
-        assert message["result"]["content"][0]["text"] == str(alive)
-        assert [e.in_flight for e in duo.health.endpoints] == [0, 0]
-
-
-def _wait_gone(pid: int) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().split()[2] == "Z":
-                    return  # dead, not yet reaped: its pipes are closed
-        except FileNotFoundError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not die")
+async def test_a_request_no_process_could_read_is_marked_never_sent():
+    """A process whose stdin is closed (here: it closed it itself and lives on, so that no exit
+    races the write) cannot have read the request: the write fails as never sent, which sends
+    it to another instance whatever its method (stdio_instances.py, backends/retry.py)."""
+    deaf = [sys.executable, "-c", "import os, time; os.close(0); time.sleep(30)"]
+    process = StdioProcess("deaf", tuple(deaf), dict(os.environ), backoff=5.0,
+                           on_message=lambda message: None, on_exit=lambda reason: None)
+    process.start()
+    try:
+        await eventually(lambda: process.pid is not None, timeout=20)
+        await asyncio.sleep(1.0)  # it has closed its stdin by now (a one-liner)
+        with pytest.raises(rpc.McpError) as raised:
+            for _ in range(3):  # a write that fits the pipe's buffer may pass; EPIPE comes next
+                await process.write({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}, wait=1)
+        assert never_sent(raised.value), raised.value.message
+        assert "before the request was written" in raised.value.message
+    finally:
+        await process.aclose()
 
 
 async def test_max_concurrent_calls_bounds_the_backend_not_each_instance(client):
@@ -216,32 +198,42 @@ async def test_max_concurrent_calls_bounds_the_backend_not_each_instance(client)
         assert refused["code"] == -31004 and refused["data"]["backend"] == "trio"
 
 
-async def test_legacy_stdio_two_instances_each_with_its_own_session_and_mrtr_across_them():
+ELICIT = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+
+
+async def test_legacy_stdio_two_instances_each_with_its_own_session_and_mrtr_across_them(client):
     """era: auto finds the initialize-era protocol; two processes, each initialized once (one
     legacy session per process), both serving; a call parked for an MRTR answer resumes on
-    its own session whichever instance the client's retry reaches."""
-    async def elicit(context, params):  # noqa: ANN001
-        return ElicitResult(action="accept", content={"answer": "both"})
-
+    its own session although the client's retry reaches the other instance."""
     settings = {"backends": [{"name": "files", "command": _legacy(), "instances": 2}]}
     async with running_gateway(settings) as gw:
         (auto,) = gw.runtime.backends
         assert auto.era == "legacy"
         pair = auto._delegates["legacy"]
-        async with mcp.Client(gw.url, mode="2026-07-28", elicitation_callback=elicit) as session:
-            answers = await asyncio.gather(*(session.call_tool("pid", {}) for _ in range(30)))
-            pids = Counter(a.content[0].text for a in answers)
-            assert set(pids) == {str(p) for p in pair.pids}, pids
-            # Each process holds exactly one legacy session, on its own pipe.
-            for instance in pair.instances:
-                (one,) = instance.pool.sessions()
-                assert one.process is instance.process and one.generation == 1
-            # One at a time: on stdio a backend request names no request, so it is credited
-            # only when one call is in flight on its session (legacy/stdio.py). Each retry is
-            # sent to either instance (both idle): half of them reach the other one.
-            for i in range(10):
-                asked = await session.call_tool("ask_user", {"question": f"q{i}"})
-                assert asked.content[0].text == "accept: both", asked.content
+        answers = await asyncio.gather(*(post(client, gw.url, "tools/call", {"name": "pid", "arguments": {}}, id=i)
+                                         for i in range(30)))
+        pids = Counter(_text(a) for a in answers)
+        assert set(pids) == {str(p) for p in pair.pids}, pids
+        # Each process holds exactly one legacy session, on its own pipe.
+        for instance in pair.instances:
+            (one,) = instance.pool.sessions()
+            assert one.process is instance.process and one.generation == 1
+
+        for _ in range(2):
+            ask = {"name": "ask_user", "arguments": {"question": "which?"}}
+            first = (await post(client, gw.url, "tools/call", ask, id="c1", meta=ELICIT)).json()["result"]
+            assert first["resultType"] == "input_required", first
+            [key] = first["inputRequests"]
+            (parked_on,) = [i for i, inst in enumerate(pair.instances) if inst.pool.sessions()[0].in_flight]
+            # The retry must go to the other instance: make the parked one look busy.
+            pair.health.endpoints[parked_on].in_flight += 100
+            try:
+                retry = {**ask, "inputResponses": {key: {"action": "accept", "content": {"answer": "both"}}},
+                         "requestState": first["requestState"]}
+                done = await post(client, gw.url, "tools/call", retry, id="c2", meta=ELICIT)
+            finally:
+                pair.health.endpoints[parked_on].in_flight -= 100
+            assert _text(done) == "accept: both", done.text
         assert len(pair.instances[0].continuations) == 0
 
 
