@@ -268,6 +268,8 @@ class Target:
     # Context.gateway_target's arguments for a gateway target, so that --compare can start the
     # same gateway from another source tree.
     made_with: dict | None = None
+    # The answer is an SSE stream whose last message is the response (stdio-call).
+    streamed: bool = False
 
 
 def check_call(result: dict) -> str | None:
@@ -295,10 +297,17 @@ def verify(t: Target) -> None:
         t.skipped = f"check request failed: {e!r}"
         return
     ctype = r.headers.get("content-type", "")
-    if r.status_code != 200 or not ctype.startswith("application/json"):
+    streamed = r.status_code == 200 and ctype.startswith("text/event-stream") and t.streamed
+    if r.status_code != 200 or not (ctype.startswith("application/json") or streamed):
         t.skipped = f"check: HTTP {r.status_code} {ctype} {r.text[:200]}"
         return
-    msg = r.json()
+    if streamed:
+        # A stdio backend's answer is always a stream (it may send progress first): the
+        # response is its last message.
+        data = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
+        msg = json.loads(data[-1]) if data else {}
+    else:
+        msg = r.json()
     if "result" not in msg:
         t.skipped = f"check: JSON-RPC error {str(msg)[:200]}"
         return
@@ -590,6 +599,21 @@ def wl_passthrough_call(ctx: Context) -> list[Target]:
         ctx.gateway_target(CALL_ECHO, check_call,
                            [{"name": "bench", "url": be, "era": "modern", "prefix": ""}]),
     ]
+
+
+def wl_stdio_call(ctx: Context) -> list[Target]:
+    """tools/call echo through the gateway to a modern stdio backend (the mcp==2.3.0 test
+    fixture), one process vs `instances: 3` (issue 18 item 3). The processes inherit the
+    gateway's CPU: this is what choosing among instances costs, not extra cores."""
+    fixture = [PY, str(REPO / "tests" / "fixtures" / "servers" / "modern_stdio.py")]
+    one = {"name": "bench", "command": fixture, "era": "modern", "prefix": ""}
+    targets = [
+        ctx.gateway_target(CALL_ECHO, check_call, [one], name="stdio-1"),
+        ctx.gateway_target(CALL_ECHO, check_call, [{**one, "instances": 3}], name="stdio-3"),
+    ]
+    for t in targets:
+        t.streamed = True
+    return targets
 
 
 def wl_passthrough_credentials(ctx: Context) -> list[Target]:
@@ -982,6 +1006,9 @@ WORKLOADS: dict[str, tuple[Callable[[Context], list[Target] | Report], str, bool
     # name: (function, what it measures, in the default set)
     "passthrough-call": (wl_passthrough_call,
                          "tools/call echo on a modern backend: direct, nginx, gateway", True),
+    "stdio-call": (wl_stdio_call,
+                   "tools/call echo through the gateway to a modern stdio backend: 1 process vs"
+                   " instances: 3", False),
     "passthrough-credentials": (wl_passthrough_credentials,
                                 "tools/call pass-through: no backend credentials vs auth headers vs a"
                                 " cached client-credentials token", False),

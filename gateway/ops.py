@@ -23,8 +23,8 @@ async def healthz(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> 
 
 
 class Readyz:
-    """200 or 503 from the state the background checks keep (readiness.py): never waits on
-    a backend, so it answers in well under the kubelet's probe timeout whatever they do."""
+    """200 or 503 from the backends' remembered health (readiness.py): never waits on a
+    backend, so it answers in well under the kubelet's probe timeout whatever they do."""
 
     def __init__(self, states: BackendStates) -> None:
         self.states = states

@@ -1,153 +1,101 @@
-"""Readiness: what /readyz answers, kept by background checks and read by the probe at once.
+"""Readiness: what /readyz answers, read from each backend's remembered health at once.
 
 A probe that waited on backends would take as long as the slowest one (the kubelet's 1 s
-timeout then marks every replica NotReady together). Here each backend has a small task that
-refreshes its discovery every `server.readiness_interval_seconds` and records the outcome;
-the probe only reads the record. `BackendStates` is the seam for per-backend health: anything
-that learns a backend's state (these checks, later ejection on call failures) calls `record`.
+timeout then marks every replica NotReady together). /readyz asks nobody: it reads the state
+that the health machinery keeps (backends/health.py) from the start-up discovery, the active
+checks every `backends[].health.check_interval_seconds` (health_checks.py) and every call
+that passes (passive outlier detection). /readyz, `mcp_gateway_backend_up` and the ejections
+have that one source, so they never disagree, and no second loop asks the backends again.
+
+A backend is "ok" while its health is up (an endpoint in rotation answered last), "failing"
+while it is down (every endpoint ejected, or the first word about it was a failure), and
+"unknown" until something has said (the start-up discovery is under way). With active
+checks off (`check_interval_seconds: 0`) the state is what the start-up discovery and the
+calls since then said: a backend that failed its discovery stays "failing" until a call to it
+succeeds (at the latest its half-open trial, once an ejection's time is up).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import enum
-import logging
-import random
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
 from gateway.observability import metrics
-from gateway.protocol import jsonrpc as rpc
 
 if TYPE_CHECKING:
     from gateway.backends.base import Backend
-
-log = logging.getLogger("gateway.readiness")
+    from gateway.backends.health import BackendHealth
 
 Requirement = Literal["any", "all", "none"] | int
 
 
 class BackendState(enum.Enum):
-    UNKNOWN = "unknown"  # not checked yet
+    UNKNOWN = "unknown"  # nothing said yet
     OK = "ok"
     FAILING = "failing"
 
 
-class BackendStates:
-    """The last known state of every backend, and whether the process is draining. What
-    `report` shows is a name and a state only: error details (which carry upstream
-    addresses) go to the log, never to a probe's caller."""
+def state_of(health: BackendHealth) -> BackendState:
+    if health.up is None:
+        return BackendState.UNKNOWN
+    return BackendState.OK if health.up else BackendState.FAILING
 
-    def __init__(self, names: Iterable[str], requirement: Requirement = "any") -> None:
-        self._states = {name: BackendState.UNKNOWN for name in names}
+
+class BackendStates:
+    """Every backend's health, read as a readiness state, and whether the process is
+    draining. What `report` shows is a name and a state only: the reasons (which carry
+    upstream addresses) go to the log (health.py), never to a probe's caller."""
+
+    def __init__(self, backends: Iterable[Backend], requirement: Requirement = "any") -> None:
+        self._health: dict[str, BackendHealth] = {b.name: b.health for b in backends}
+        # A name whose backend a reload replaced reads its old health until the new one has
+        # said something (its discovery, at once): a backend that merely got a new header
+        # must not flap /readyz.
+        self._before: dict[str, BackendHealth] = {}
         self.requirement = requirement
         self.draining = False
 
-    def record(self, name: str, state: BackendState, detail: str | None = None) -> None:
-        before = self._states.get(name)
-        self._states[name] = state
-        # One source for /readyz and mcp_gateway_backend_up, so the two never disagree.
-        metrics.set_backend_up(name, state is BackendState.OK)
-        if state is not before:
-            if state is BackendState.FAILING:
-                log.warning("backend %s: not ready: %s", name, detail or "no detail")
-            elif state is BackendState.OK and before is BackendState.FAILING:
-                log.info("backend %s: ready again", name)
-
     def state(self, name: str) -> BackendState:
-        return self._states[name]
+        state = state_of(self._health[name])
+        if state is BackendState.UNKNOWN and name in self._before:
+            return state_of(self._before[name])
+        return state
 
-    def follow(self, kept: Iterable[str], fresh: Iterable[str]) -> None:
-        """A reload: `kept` names keep their state, `fresh` ones start unknown, the others
-        are forgotten. One swap, so a probe never sees half of it."""
-        states = {name: self._states.get(name, BackendState.UNKNOWN) for name in kept}
-        states.update({name: BackendState.UNKNOWN for name in fresh})
-        forgotten = [name for name in self._states if name not in states]
-        self._states = states
+    def follow(self, backends: Iterable[Backend]) -> None:
+        """A reload: read the new fleet's health. One swap, so a probe never sees half of it."""
+        old = self._health
+        health = {b.name: b.health for b in backends}
+        self._before = {name: old[name] for name, h in health.items() if name in old and old[name] is not h}
+        self._health = health
         # /readyz and mcp_gateway_backend_up keep naming the same backends.
-        for name in forgotten:
+        for name in old.keys() - health.keys():
             metrics.forget_backend_up(name)
 
     def begin_drain(self) -> None:
         self.draining = True
 
+    def states(self) -> dict[str, BackendState]:
+        return {name: self.state(name) for name in self._health}
+
     @property
     def ready(self) -> bool:
         if self.draining:
             return False
-        ok = sum(state is BackendState.OK for state in self._states.values())
+        if self.requirement == "none":
+            return True
+        states = self.states().values()
+        ok = sum(state is BackendState.OK for state in states)
         match self.requirement:
-            case "none":
-                return True
             case "any":
-                return ok >= 1 or not self._states
+                return ok >= 1 or not states
             case "all":
-                return ok == len(self._states)
+                return ok == len(states)
             case int(count):
-                return ok >= min(count, len(self._states))
+                return ok >= min(count, len(states))
         return False
 
     def report(self) -> dict[str, object]:
+        states = self.states()
         status = "draining" if self.draining else ("ready" if self.ready else "not ready")
-        return {"status": status, "backends": {name: s.value for name, s in self._states.items()}}
-
-
-class ReadinessChecks:
-    """One background task per backend: refresh its discovery, record the outcome, sleep."""
-
-    def __init__(self, states: BackendStates, backends: Iterable[Backend], interval: float) -> None:
-        self.states = states
-        self.backends = tuple(backends)
-        self.interval = interval
-        self._tasks: dict[Backend, asyncio.Task[None]] = {}
-
-    def start(self) -> None:
-        for b in self.backends:
-            if b not in self._tasks:
-                self._tasks[b] = asyncio.create_task(self._check_forever(b), name=f"readiness-{b.name}")
-
-    async def follow(self, backends: Iterable[Backend]) -> None:
-        """A reload: keep checking the backends still there, stop checking the others, start
-        on the new ones."""
-        self.backends = tuple(backends)
-        gone = [task for b, task in self._tasks.items() if b not in self.backends]
-        self._tasks = {b: task for b, task in self._tasks.items() if b in self.backends}
-        for task in gone:
-            task.cancel()
-        for task in gone:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self.start()
-
-    async def check(self, backend: Backend) -> BackendState:
-        """One check: a discovery no older than the interval (the request path keeps it fresh
-        for free), within the backend's list deadline (Backend.discover applies it). A backend
-        its remembered health has ejected (backends/health.py) is failing without asking."""
-        if backend.health.ejected:
-            self.states.record(backend.name, BackendState.FAILING, backend.health.reason)
-            return BackendState.FAILING
-        try:
-            await backend.discover(max_age=self.interval)
-        except rpc.McpError as exc:
-            self.states.record(backend.name, BackendState.FAILING, exc.message)
-            return BackendState.FAILING
-        except Exception as exc:  # noqa: BLE001 - a check must never die; its state says failing
-            self.states.record(backend.name, BackendState.FAILING, f"{type(exc).__name__}: {exc}")
-            return BackendState.FAILING
-        self.states.record(backend.name, BackendState.OK)
-        return BackendState.OK
-
-    async def _check_forever(self, backend: Backend) -> None:
-        while True:
-            await self.check(backend)
-            # Jitter, so that a thousand backends are not all asked in the same instant.
-            await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
-
-    async def aclose(self) -> None:
-        tasks, self._tasks = list(self._tasks.values()), {}
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        return {"status": status, "backends": {name: s.value for name, s in states.items()}}

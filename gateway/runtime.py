@@ -29,7 +29,7 @@ from gateway.policies.authorization import RuleSet
 from gateway.policies.ratelimit import RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call
-from gateway.readiness import BackendState, BackendStates, ReadinessChecks
+from gateway.readiness import BackendStates
 from gateway.routing.curation import Curation
 from gateway.routing.pins import Pins
 from gateway.routing.table import RouteTable, Target
@@ -117,21 +117,17 @@ class Runtime:
         self._discovery: asyncio.Task[None] | None = None
         # Backends a reload took out of the fleet, while their calls under way finish.
         self._drains: dict[asyncio.Task[None], Backend] = {}
-        # Active health checks (backends/health_checks.py); their state feeds /readyz.
+        # Active health checks (backends/health_checks.py): with discovery and the calls, they
+        # keep each backend's remembered health (backends/health.py).
         self.health_checks = HealthChecks(built)
         # DNS expansion of `backends[].resolve` backends into endpoints (backends/resolve.py).
         self.address_watches = AddressWatches(built)
         self.shutting_down = False
-        # What /readyz reads: kept by background checks, never probed on the request.
-        self.readiness = BackendStates((b.name for b in built), settings.server.readiness)
-        self.readiness_checks = ReadinessChecks(self.readiness, built, settings.server.readiness_interval_seconds)
-        for backend in built:
-            # Remembered health (backends/health.py) feeds readiness: an ejection is "failing" at once.
-            backend.health.listeners.append(self._health_changed)
-
-    def _health_changed(self, name: str, up: bool, reason: str | None) -> None:
-        if not up:
-            self.readiness.record(name, BackendState.FAILING, reason)
+        # What /readyz reads: that remembered health, never a probe of its own.
+        self.readiness = BackendStates(built, settings.server.readiness)
+        if "readiness_interval_seconds" in settings.server.model_fields_set:
+            log.warning("server.readiness_interval_seconds has no effect any more: /readyz reads the state the "
+                        "health checks keep (backends[].health.check_interval_seconds)")
 
     # The current snapshot's parts (what the rest of the process and tests read).
     @property
@@ -177,8 +173,6 @@ class Runtime:
         # keep the gateway from serving the others.
         self._discovery = asyncio.create_task(self.discover_all(), name="discover-backends")
         self.health_checks.start()
-        # Their first round joins that discovery (Backend.discover runs one at a time).
-        self.readiness_checks.start()
 
     async def discover_all(self, timeout: float = 10.0, backends: Iterable[Backend] | None = None) -> None:
         async def one(backend: Backend) -> None:
@@ -223,13 +217,11 @@ class Runtime:
                     renamed: frozenset[str] = frozenset()) -> Snapshot:
         """Swap in the snapshot of `settings` (validated) over `backends` (`build_backends`):
         start the new backends, compile the route table (keeping what the old one learned of
-        the kept backends), swap, then let the hub and the readiness checks follow and drain
+        the kept backends), swap, then let readiness, the health checks and the hub follow, and drain
         the backends no longer in the fleet. `renamed`: kept backends whose prefix changed."""
         old = self.snapshot
         fresh = [b for b in backends if b not in old.backends]
         await asyncio.gather(*(b.start() for b in fresh))
-        for backend in fresh:
-            backend.health.listeners.append(self._health_changed)
         table = _table(settings, backends, self.pins, max_uris=old.table._max_uris)
         table.inherit(old.table)
         snapshot = Snapshot(old.generation + 1, settings, tuple(backends), table, self._dispatcher(table),
@@ -237,18 +229,10 @@ class Runtime:
         # The swap: every request from here on reads the new snapshot; those under way finish
         # on the one they started with.
         self.snapshot = self.live.snapshot = snapshot
-        for backend in old.backends:
-            if backend not in backends:
-                # Its calls still under way (the drain) must not mark the name, which may now
-                # be a new backend's, failing in /readyz.
-                with contextlib.suppress(ValueError):
-                    backend.health.listeners.remove(self._health_changed)
-        # A replaced backend keeps its name's last state until its first check (at once): a
-        # reload must not flap /readyz for a backend that merely got a new header.
-        known = {b.name for b in old.backends}
-        self.readiness.follow((b.name for b in backends if b.name in known),
-                              (b.name for b in backends if b.name not in known))
-        await self.readiness_checks.follow(backends)
+        # /readyz reads the new objects' health: what a removed or replaced backend's calls
+        # under way (the drain) still report cannot mark the name, which may now be a new
+        # backend's. A replaced one reads as its predecessor until its first check (at once).
+        self.readiness.follow(backends)
         await self.health_checks.follow(backends)
         await self.address_watches.follow(backends)
         # New backends' capabilities first (bounded by each one's list deadline): the hub
@@ -275,7 +259,6 @@ class Runtime:
         await self.hub.begin_shutdown()
 
     async def aclose(self) -> None:
-        await self.readiness_checks.aclose()
         if self._discovery is not None and not self._discovery.done():
             self._discovery.cancel()
         await self.health_checks.aclose()

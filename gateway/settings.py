@@ -501,6 +501,10 @@ class BackendSettings(_Frozen):
     max_call_seconds: Annotated[float, Field(gt=0)] = 600.0
     # stdio backends: first delay before restarting a process that died (doubles, capped).
     restart_backoff_seconds: Annotated[float, Field(gt=0)] = 0.5
+    # stdio backends: processes of `command` behind this one name, each with its own health
+    # (and, initialize-era, its own session); a call goes to a running, healthy one with fewer
+    # requests in flight of two picked at random (docs/resilience.md "stdio instances").
+    instances: Annotated[int, Field(ge=1, le=64)] = 1
     # -- resilience (docs/resilience.md) --
     health: HealthSettings = HealthSettings()
     # A hostname in `url`/`urls` resolved into one endpoint per address and re-resolved
@@ -610,6 +614,9 @@ class BackendSettings(_Frozen):
                              "applies to 'url' backends only (a 'command' backend gets `env`)")
         if (self.url is None) == (self.command is None):
             raise FieldError("url", "set exactly one of 'url' (Streamable HTTP) or 'command' (stdio)")
+        if self.instances > 1 and self.command is None:
+            raise FieldError("instances", "applies to 'command' (stdio) backends only: an HTTP backend names its "
+                                          "endpoints in 'urls'")
         if self.transport != "auto" and self.url is None:
             raise FieldError("transport", "'transport' applies to 'url' backends only (a 'command' backend speaks stdio)")
         if self.transport == "sse" and self.era == "modern":

@@ -18,6 +18,7 @@ from gateway.backends.legacy.wiring import LEGACY_BACKENDS  # the legacy era (1 
 from gateway.backends.modern import ModernHttpBackend
 from gateway.backends.replica import ReplicaContext
 from gateway.backends.stdio import ModernStdioBackend
+from gateway.backends.stdio_instances import spread
 from gateway.backends.stdio_process import StdioProcess
 from gateway.settings import BackendSettings
 
@@ -57,6 +58,10 @@ def _build(key: tuple[Transport, Era], settings: BackendSettings, replica: Repli
     factory = BACKENDS.get(key)
     if factory is None:
         raise UnsupportedBackend(f"backend {settings.name!r}: no {key[1]} backend over {key[0]} in this build")
+    if key[0] == "stdio":
+        # `instances: N`: N of the row's one-process backends behind the name; the first adopts
+        # the era probe's process, already running (stdio_instances.py).
+        return spread(settings, lambda one, index: factory(one, replica, process if index == 0 else None))
     return factory(settings, replica, process)
 
 

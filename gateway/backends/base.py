@@ -146,6 +146,8 @@ class Backend(abc.ABC):
             origins = tuple(f"{p.scheme}://{p.netloc}" for p in map(urlsplit, self.settings.endpoint_urls))
             # Two endpoints on one origin (different paths) are told apart by their whole URL.
             return origins if len(set(origins)) == len(origins) else self.settings.endpoint_urls
+        if self.settings.instances > 1:
+            return tuple(f"instance-{i}" for i in range(self.settings.instances))  # stdio_instances.py
         return ("process",)
 
     def endpoint_targets(self) -> tuple[HttpTarget, ...] | None:

@@ -218,8 +218,9 @@ class AutoBackend(Backend):
                 if era not in self._delegates:
                     backend = self._make(era)
                     # One remembered health for the backend, whoever serves it: the delegate
-                    # reports its endpoints' outcomes where the checks, the dispatcher and
-                    # the DNS expansion (resolve.py) read and change them.
+                    # reports its endpoints' outcomes (its URLs, its DNS answer's addresses
+                    # (resolve.py), or its stdio instances) where the checks, the dispatcher
+                    # and /metrics read and change them.
                     backend.health = self.health
                     await backend.start()
                     self._delegates[era] = backend
@@ -243,6 +244,12 @@ class AutoBackend(Backend):
                 self.era = None
             self.last_error = exc.message
             raise
+
+    async def check_endpoint(self, index: int) -> None:
+        if len(self.health.endpoints) == 1:
+            await self.health_check()
+        else:
+            await (await self._delegate()).check_endpoint(index)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(b.aclose() for b in self._delegates.values()), return_exceptions=True)

@@ -74,3 +74,18 @@ def reconcile(health: BackendHealth, wanted: dict[str, Any], owns: Callable[[End
     for endpoint in gone:
         health.remove(endpoint)
     return bool(added or gone)
+
+
+class InFlightRelease:
+    """An endpoint's in-flight count, given back once when a streamed answer closes (it may
+    be closed without ever being read, and then no generator `finally` runs)."""
+
+    __slots__ = ("_endpoint",)
+
+    def __init__(self, endpoint: EndpointHealth) -> None:
+        self._endpoint: EndpointHealth | None = endpoint
+
+    def release(self) -> None:
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.in_flight -= 1

@@ -119,6 +119,14 @@ class EndpointHealth:
         elif self.up is None:
             self._mark(False)
 
+    def lost(self, reason: str) -> None:
+        """Known to be gone (its stdio process died): out of rotation now, rather than after
+        `consecutive_failures` calls have found out one by one; down even where the cap keeps
+        it in rotation."""
+        self.reason = reason
+        self._eject(reason)
+        self._mark(False)
+
     def _eject(self, reason: str) -> None:
         now = time.monotonic()
         if not self.backend.may_eject(self):

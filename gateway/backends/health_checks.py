@@ -28,11 +28,12 @@ log = logging.getLogger("gateway.backends.health")
 async def check_once(backend: Backend) -> bool:
     """Check every endpoint of `backend` (at once) and record each outcome; True when all
     passed. Never raises (but cancellation)."""
-    results = await asyncio.gather(*(_check_endpoint(backend, i) for i in range(len(backend.health.endpoints))))
+    results = await asyncio.gather(*(check_endpoint(backend, i) for i in range(len(backend.health.endpoints))))
     return all(results)
 
 
-async def _check_endpoint(backend: Backend, index: int) -> bool:
+async def check_endpoint(backend: Backend, index: int) -> bool:
+    """One active check of endpoint `index`, its outcome recorded; True when it passed."""
     endpoint = backend.health.endpoints[index]
     seconds = backend.settings.health.check_timeout_seconds
     try:

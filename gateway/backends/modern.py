@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import orjson
 
 from gateway.backends.base import Backend, Message, Reply, internal_call
-from gateway.backends.endpoints import choose
+from gateway.backends.endpoints import InFlightRelease, choose
 from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, never_sent, upstream_errors
 from gateway.backends.health import EndpointHealth
 from gateway.backends import http1, tls
@@ -41,20 +41,6 @@ _ACCEPT = "application/json, text/event-stream"
 # Any other 4xx is the backend refusing the gateway, never the client (`rpc.backend_refused`).
 _RELAYED_4XX = frozenset({400, 404})
 _END = object()  # the end of an SSE body (a JSON `null` payload must not look like it)
-
-
-class _Done:
-    """An endpoint's in-flight count, given back once when a streamed answer closes."""
-
-    __slots__ = ("_endpoint",)
-
-    def __init__(self, endpoint: EndpointHealth) -> None:
-        self._endpoint: EndpointHealth | None = endpoint
-
-    def release(self) -> None:
-        endpoint, self._endpoint = self._endpoint, None
-        if endpoint is not None:
-            endpoint.in_flight -= 1
 
 
 class ModernHttpBackend(Backend):
@@ -208,7 +194,7 @@ class ModernHttpBackend(Backend):
             if reply.stream is None:
                 endpoint.in_flight -= 1
             else:
-                reply.closers.append(_Done(endpoint).release)
+                reply.closers.append(InFlightRelease(endpoint).release)
             return reply
 
     async def check_endpoint(self, index: int) -> None:

@@ -94,19 +94,56 @@ class ModernStdioBackend(Backend):
         except rpc.McpError as exc:
             self._forget(exchange)
             raise exc.with_id(call.id)
-        return Reply(self.name, stream=self._relay(call, exchange))
+        if call.stream_only:
+            return Reply(self.name, stream=self._relay(call, exchange))
+        # The first message is awaited here, not in the stream: a process that dies or stays
+        # silent before saying anything fails the call from `send`, where the retries see it
+        # (an idempotent read goes to another attempt, of another instance with `instances`),
+        # and a lone response is a plain JSON answer.
+        try:
+            first = await self._first(call, exchange)
+        except BaseException:
+            await self._abandon(exchange)
+            raise
+        if "method" not in first:
+            message = {**first, "id": call.id}
+            return Reply(self.name, status=rpc.http_status_of(message), message=message)
+        return Reply(self.name, stream=self._relay(call, exchange, first))
 
-    async def _relay(self, call: Call, exchange: Exchange) -> AsyncIterator[Message]:
-        """The exchange's messages for the client. A call waits `timeout_seconds` per message
-        and ends with -31002 at `max_call_seconds` after it was sent, however often the process
-        sends progress (SHTTP: senders SHOULD enforce a maximum); a listen has neither."""
+    async def _first(self, call: Call, exchange: Exchange) -> Message:
+        try:
+            return await exchange.next_by(exchange.started + self.settings.max_call_seconds,
+                                          self.settings.timeout_seconds, functools.partial(self.overdue, call))
+        except rpc.McpError as exc:
+            exc.data = exc.data or {"backend": self.name}
+            raise exc.with_id(call.id) from None
+
+    async def _abandon(self, exchange: Exchange) -> None:
+        """Stop waiting for `exchange`, and tell the process (STDIO §Cancellation: no stream
+        to close, so say it)."""
+        if exchange.done:
+            return
+        self._forget(exchange)
+        exchange.done = True
+        with contextlib.suppress(rpc.McpError):
+            await self.process.write(rpc.notification(
+                "notifications/cancelled", {"requestId": exchange.backend_id, "reason": "client went away"}),
+                wait=0.5)
+
+    async def _relay(self, call: Call, exchange: Exchange, first: Message | None = None) -> AsyncIterator[Message]:
+        """The exchange's messages for the client (`first` already read). A call waits
+        `timeout_seconds` per message and ends with -31002 at `max_call_seconds` after it was
+        sent, however often the process sends progress (SHTTP: senders SHOULD enforce a
+        maximum); a listen has neither."""
         deadline = None if call.stream_only else (
             exchange.started + self.settings.max_call_seconds)
         overdue = functools.partial(self.overdue, call)
         try:
             while True:
                 try:
-                    if deadline is None or exchange.done:
+                    if first is not None:
+                        message, first = first, None
+                    elif deadline is None or exchange.done:
                         # A listen; or the answer is in (queued, with what came before it):
                         # nothing is waited for, so a slow reader does not make it overdue.
                         message = await exchange.next(None)
@@ -130,11 +167,4 @@ class ModernStdioBackend(Backend):
                                                                          meta.SUBSCRIPTION_ID: call.id}}}
                 yield message
         finally:
-            if not exchange.done:
-                self._forget(exchange)
-                exchange.done = True
-                with contextlib.suppress(rpc.McpError):
-                    # STDIO §Cancellation: no stream to close, so say it.
-                    await self.process.write(rpc.notification(
-                        "notifications/cancelled", {"requestId": exchange.backend_id, "reason": "client went away"}),
-                        wait=0.5)
+            await self._abandon(exchange)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import orjson
 
 from gateway.backends.base import Message
-from gateway.backends.errors import UpstreamConnectionError, mark_never_sent, upstream_errors
+from gateway.backends.errors import mark_never_sent, upstream_errors
 from gateway.observability import metrics
 from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
@@ -46,8 +46,13 @@ _MAX_BACKOFF = 30.0
 _STABLE_SECONDS = 30.0
 
 
+# (running?, what happened) -> None: told of each start and each death (stdio_instances.py).
+ProcessWatcher = Callable[[bool, str], None]
+
+
 class StdioProcess:
-    """One supervised subprocess. `on_message` sees every stdout message, `on_exit` each death."""
+    """One supervised subprocess. `on_message` sees every stdout message, `on_exit` each death
+    (the backend that speaks to it); `watchers` each start and each death too."""
 
     def __init__(self, name: str, command: tuple[str, ...], env: dict[str, str], *, backoff: float,
                  on_message: Callable[[Message], None], on_exit: Callable[[str], None]) -> None:
@@ -58,11 +63,14 @@ class StdioProcess:
         self.on_message = on_message
         self.on_exit = on_exit
         self.generation = 0  # bumped at each (re)start
+        self.watchers: list[ProcessWatcher] = []
         self._proc: asyncio.subprocess.Process | None = None
         self._started = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
         self._write_lock = asyncio.Lock()
+        # The running process's stdout has ended (it is exiting): no more writes to it.
+        self._stdout_ended = False
 
     @property
     def pid(self) -> int | None:
@@ -81,15 +89,26 @@ class StdioProcess:
         except TimeoutError:
             raise mark_never_sent(
                 rpc.backend_unavailable(self.name, f"process {self.command[0]!r} is not running")) from None
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None
         async with self._write_lock:
+            proc = self._proc
+            if proc is None or proc.returncode is not None or not self._started.is_set() or self._stdout_ended:
+                # It exited while this caller waited (its death may already have failed the
+                # request's exchange): nothing was written, so it may go elsewhere.
+                raise mark_never_sent(rpc.backend_unavailable(
+                    self.name, f"process {self.command[0]!r} exited before the request was written"))
+            assert proc.stdin is not None
             with upstream_errors(self.name, timeout=wait):
                 try:
                     proc.stdin.write(orjson.dumps(message) + b"\n")
                     await proc.stdin.drain()
                 except (BrokenPipeError, ConnectionResetError) as exc:
-                    raise UpstreamConnectionError(f"process stdin closed: {exc}") from None
+                    # The pipe had no reader left (EPIPE), or the transport had already lost it
+                    # and dropped the line: nobody can have read this request (at most a
+                    # fragment of it, never a whole line), so it may go to another process
+                    # whatever its method (backends/retry.py).
+                    raise mark_never_sent(rpc.backend_unavailable(
+                        self.name, f"process {self.command[0]!r} closed its stdin before the request was "
+                                   f"written ({type(exc).__name__})")) from None
         return self.generation
 
     async def aclose(self) -> None:
@@ -129,13 +148,16 @@ class StdioProcess:
                 reason = f"cannot start {self.command[0]!r}: {exc}"
             else:
                 self._proc = proc
+                self._stdout_ended = False
                 self.generation += 1
                 if self.generation > 1:  # a restart, of any stdio process (modern or legacy)
                     metrics.STDIO_RESTARTS.labels(self.name).inc()
                 self._started.set()
                 log.info("backend %s: started %r (pid %d)", self.name, self.command[0], proc.pid)
+                self._tell(True, f"started (pid {proc.pid})")
                 stderr = asyncio.ensure_future(self._drain_stderr(proc))
                 await self._read_stdout(proc)
+                self._stdout_ended = True
                 code = await proc.wait()
                 self._started.clear()
                 await stderr
@@ -143,12 +165,20 @@ class StdioProcess:
                 if not self._closing:
                     log.warning("backend %s: %s", self.name, reason)
             self.on_exit(reason)
+            self._tell(False, reason)
             if self._closing:
                 return
             if time.monotonic() - started_at > _STABLE_SECONDS:
                 delay = self.backoff
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_BACKOFF)
+
+    def _tell(self, running: bool, what: str) -> None:
+        for watcher in self.watchers:
+            try:
+                watcher(running, what)
+            except Exception:
+                log.exception("backend %s: a process watcher failed", self.name)
 
     async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None

@@ -21,7 +21,7 @@ import yaml
 from tests.support import mcp_http
 from tests.support.legacy_venv import legacy_server
 from tests.support.listen import ListenReader, eventually
-from tests.support.procs import Proc, free_port, gateway_process
+from tests.support.procs import Proc, free_port, gateway_process, wait_for_port
 from tests.support.scripted import Scripted
 from tests.support.sockets import Blackhole
 
@@ -55,7 +55,10 @@ def start_gateway(tmp_path: Path, config: dict[str, Any], **env: str) -> tuple[P
     server = {"ops_port": ops_port, **config.pop("server", {})}
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump({"server": server, **config}))
-    return gateway_process(path, env=env).start(), ops_port
+    gw = gateway_process(path, env=env).start()
+    # The operations listener starts just after the MCP one (lifecycle.run_until_stopped).
+    wait_for_port(ops_port, proc=gw.proc)
+    return gw, ops_port
 
 
 async def timed_get(client: httpx.AsyncClient, url: str, **kwargs: Any) -> tuple[httpx.Response, float]:
@@ -69,10 +72,11 @@ async def timed_get(client: httpx.AsyncClient, url: str, **kwargs: Any) -> tuple
 
 async def test_probes_answer_at_once_while_a_backend_hangs(backend, blackhole, tmp_path):
     # One healthy backend, one that accepts TCP and never answers: the probe reads the state
-    # the background checks keep, so it never waits for the hung one (before: 2.0 s each).
+    # the health checks keep, so it never waits for the hung one (before: 2.0 s each).
+    checked = {"check_interval_seconds": 1}
     gw, ops = start_gateway(tmp_path, {
-        "backends": [{"name": "good", "url": backend.url}, {"name": "hung", "url": blackhole.url}],
-        "server": {"readiness_interval_seconds": 1}})
+        "backends": [{"name": "good", "url": backend.url, "health": checked},
+                     {"name": "hung", "url": blackhole.url, "health": checked}]})
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
             async def good_is_ok() -> bool:
@@ -100,9 +104,10 @@ async def test_probes_answer_at_once_while_a_backend_hangs(backend, blackhole, t
 
 async def test_readiness_requirement_all_is_not_ready_while_one_backend_hangs(backend, blackhole, tmp_path):
     gw, ops = start_gateway(tmp_path, {
-        "backends": [{"name": "good", "url": backend.url},
-                     {"name": "hung", "url": blackhole.url, "list_timeout_seconds": 0.3}],
-        "server": {"readiness": "all", "readiness_interval_seconds": 1}})
+        "backends": [{"name": "good", "url": backend.url, "health": {"check_interval_seconds": 1}},
+                     {"name": "hung", "url": blackhole.url, "list_timeout_seconds": 0.3,
+                      "health": {"check_interval_seconds": 1, "check_timeout_seconds": 0.3}}],
+        "server": {"readiness": "all"}})
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
             async def hung_is_failing() -> bool:
@@ -114,7 +119,7 @@ async def test_readiness_requirement_all_is_not_ready_while_one_backend_hangs(ba
             assert response.json() == {"status": "not ready", "backends": {"good": "ok", "hung": "failing"}}
     finally:
         gw.stop()
-    assert "hung: not ready" in gw.output()  # the detail went to the log
+    assert "backend hung: down" in gw.output()  # the detail went to the log (backends/health.py)
 
 
 async def test_the_ops_listener_answers_any_host_and_the_mcp_listener_does_not(backend, tmp_path):
@@ -125,6 +130,10 @@ async def test_the_ops_listener_answers_any_host_and_the_mcp_listener_does_not(b
                  "hs256_secret": "x" * 32, "authorization_servers": ["https://idp.example"]}})
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+            async def ready() -> bool:  # the start-up discovery has answered (readiness.py)
+                return (await client.get(f"http://127.0.0.1:{ops}/readyz")).status_code == 200
+
+            await eventually(ready, timeout=10)
             # The kubelet and Prometheus: Host is the pod IP, no token, no Origin checks.
             for path in ("/healthz", "/readyz", "/metrics"):
                 response = await client.get(f"http://127.0.0.1:{ops}{path}",

@@ -70,14 +70,14 @@ async def test_readyz_is_503_when_no_backend_is_reachable(client):
 
 async def test_readyz_follows_a_backend_coming_back(client):
     server = Scripted("late")
-    settings = {"backends": [{"name": "late", "url": server.url, "retries": 0}],
-                "server": {"readiness_interval_seconds": 0.5}}
+    settings = {"backends": [{"name": "late", "url": server.url, "retries": 0,
+                              "health": {"check_interval_seconds": 0.5}}]}
     async with running_gateway(settings, discover=False) as gw:
         assert (await client.get(f"{gw.base}/readyz")).status_code == 503
         server.start()
         try:
-            # The background check asks again every readiness_interval_seconds; the probe
-            # follows its state.
+            # The health check asks again every check_interval_seconds; the probe reads the
+            # state it keeps.
             async def ready() -> bool:
                 return (await client.get(f"{gw.base}/readyz")).status_code == 200
 

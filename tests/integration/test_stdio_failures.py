@@ -51,7 +51,7 @@ def _text(response: httpx.Response) -> str:
 
 async def test_a_command_that_cannot_start_is_reported_and_spares_the_fleet(caplog: pytest.LogCaptureFixture):
     caplog.set_level(logging.ERROR, logger="gateway.backends.stdio")
-    caplog.set_level(logging.WARNING, logger="gateway.readiness")
+    caplog.set_level(logging.WARNING, logger="gateway.backends.health")
     settings = {"backends": [
         {"name": "broken", "command": ["/nonexistent/mcp-server"], "connect_timeout_seconds": 0.5},
         _backend("ok"),
@@ -62,7 +62,7 @@ async def test_a_command_that_cannot_start_is_reported_and_spares_the_fleet(capl
         assert ready["status"] == "ready" and ready["backends"]["ok"] == "ok"
         assert ready["backends"]["broken"] == "failing", ready  # the why goes to the log only
     assert any("cannot start '/nonexistent/mcp-server'" in r.getMessage() for r in caplog.records)
-    assert any("broken: not ready" in r.getMessage() and "not running" in r.getMessage() for r in caplog.records)
+    assert any("broken: down" in r.getMessage() and "not running" in r.getMessage() for r in caplog.records)
 
 
 async def test_garbage_on_stdout_is_dropped_and_the_call_still_answered(caplog: pytest.LogCaptureFixture):

@@ -13,7 +13,7 @@ from gateway.readiness import BackendStates
 
 
 def lifecycle(delay: float) -> Lifecycle:
-    return Lifecycle(BackendStates(["a"], "none"), drain_delay_seconds=delay)
+    return Lifecycle(BackendStates([], "none"), drain_delay_seconds=delay)
 
 
 async def test_sigterm_turns_readiness_at_once_and_waits_the_drain_delay():
