@@ -55,7 +55,9 @@ class RequestRecord:
     authorization: str | None = None  # allow, deny: what the authorization rules decided
     authorization_rule: str | None = None  # the deciding rule's id (or rules.N, default)
     rate_limit: str | None = None   # allow, deny: what the rate limits that apply decided
-    rate_limits: tuple[str, ...] = ()  # the limits counted (allow) or the one that refused (deny)
+    # The limits counted (allow) or the one that refused (deny): the compiled limits themselves
+    # (their `.label` is what is exported), so that noting them per request builds nothing.
+    rate_limits: tuple[Any, ...] = ()
     status = 500
     span: Any = None
     finished = False
@@ -111,9 +113,9 @@ def note_authorization(allowed: bool, rule: str) -> None:
         record.authorization, record.authorization_rule = ("allow" if allowed else "deny"), rule
 
 
-def note_rate_limit(allowed: bool, limits: tuple[str, ...]) -> None:
-    """What the rate limits decided: the limits counted, or the one that refused (labels from
-    the configuration: `id` or `rate_limits.N`)."""
+def note_rate_limit(allowed: bool, limits: tuple[Any, ...]) -> None:
+    """What the rate limits decided: the limits counted, or the one that refused (compiled
+    `Limit`s; their labels come from the configuration: `id` or `rate_limits.N`)."""
     record = CURRENT.get()
     if record is not None:
         record.rate_limit, record.rate_limits = ("allow" if allowed else "deny"), limits

@@ -231,7 +231,7 @@ def gateway_attributes(record: RequestRecord) -> dict[str, Any]:
         out["mcp.gateway.authorization.rule"] = record.authorization_rule
     if record.rate_limit is not None:
         out["mcp.gateway.rate_limit.decision"] = record.rate_limit
-        out["mcp.gateway.rate_limit.limit"] = list(record.rate_limits)
+        out["mcp.gateway.rate_limit.limit"] = [limit.label for limit in record.rate_limits]
     return out
 
 

@@ -342,7 +342,7 @@ class RateLimits:
                     over = (limit, wait)
             if over is not None:
                 self._refuse(*over)
-            note_rate_limit(True, tuple(limit.label for limit in matched))
+            note_rate_limit(True, matched)
             return None
         requests = [(limit.bucket(principal, method, name, backend), limit.interval, limit.burst) for limit in matched]
         if time.monotonic() >= self._shared_down_until:
@@ -377,11 +377,11 @@ class RateLimits:
         for limit, wait in zip(matched, waits, strict=True):
             if wait and wait > 0:
                 self._refuse(limit, wait)
-        note_rate_limit(True, tuple(limit.label for limit in matched))
+        note_rate_limit(True, matched)
 
     @staticmethod
     def _refuse(limit: Limit, wait: float) -> None:
-        note_rate_limit(False, (limit.label,))
+        note_rate_limit(False, (limit,))
         RATE_LIMITED.labels(limit.label).inc()
         retry_ms = max(1, math.ceil(wait * 1000))
         raise rpc.gateway_overloaded(
