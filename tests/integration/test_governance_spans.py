@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from gateway.observability import tracing
 from tests.support import mcp_http
 from tests.support.gateway import running_gateway
 from tests.support.oauth import AUDIENCE, ISSUER, Issuer, JwksEndpoint, ServedApp, rsa_key
 from tests.support.scripted import Scripted
+from tests.support.spans import spans  # noqa: F401  (the module's fixture)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -35,16 +35,6 @@ RULES = {
 # A burst of 2 a minute per principal for tools/call, and one for everything that counts all.
 LIMITS = [{"id": "calls-per-principal", "rate": "1/m", "burst": 2, "key": ["principal"], "methods": ["tools/call"]},
           {"rate": "1000/s", "burst": 1000}]
-
-
-@pytest.fixture(scope="module")
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.configure(True, span_exporter=exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.configure(False)
 
 
 @pytest.fixture(scope="module")

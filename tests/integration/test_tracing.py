@@ -32,6 +32,7 @@ from tests.support.asgi import read_body, serving
 from tests.support.gateway import running_gateway
 from tests.support.procs import FIXTURE_SERVERS, gateway_process
 from tests.support.scripted import Scripted
+from tests.support.spans import spans  # noqa: F401  (the module's fixture)
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -54,16 +55,6 @@ def legacy_http() -> Iterator[Any]:
     server = legacy_venv.legacy_server(name="legacy-http").start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.configure(True, span_exporter=exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.configure(False)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

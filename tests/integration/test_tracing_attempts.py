@@ -25,7 +25,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gateway.observability import tracing
 from tests.integration.test_legacy_http_failures import Answer, FlakyLegacy
 from tests.integration.test_legacy_sse_transport import OldServer
 from tests.support import mcp_http
@@ -33,18 +32,9 @@ from tests.support.asgi import read_body, serving
 from tests.support.gateway import running_gateway
 from tests.support.procs import FIXTURE_SERVERS, refused_url
 from tests.support.scripted import Scripted
+from tests.support.spans import spans  # noqa: F401  (the module's fixture)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest.fixture(scope="module")
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.configure(True, span_exporter=exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.configure(False)
 
 
 @pytest.fixture(scope="module")
