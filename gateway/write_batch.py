@@ -79,13 +79,7 @@ class WriteBatch:
         transport instead of one per notification."""
         held = self.held.get(transport)
         if held is not None:
-            if held is _WRITTEN:
-                self.held[transport] = [len(data), data]
-                return
-            held.append(data)
-            held[0] += len(data)
-            if held[0] >= FLUSH_BYTES:
-                self.flush(transport)
+            self._hold_after_write(transport, held, data)
             return
         self._flush_at_end_of_pass()
         # A shared mark, not a list per transport: a fan-out to 10,000 streams would otherwise
@@ -101,13 +95,7 @@ class WriteBatch:
         ~0.2 µs per stream (bench/README.md "Listen fan-out, second round")."""
         held = self.held.get(transport)
         if held is not None:
-            if held is _WRITTEN:
-                self.held[transport] = [len(data), data]
-                return
-            held.append(data)
-            held[0] += len(data)
-            if held[0] >= FLUSH_BYTES:
-                self.flush(transport)
+            self._hold_after_write(transport, held, data)
             return
         if writer.written_in == self.passes:  # wrote once already in this pass
             self.held[transport] = [len(data), data]
@@ -115,6 +103,17 @@ class WriteBatch:
         writer.written_in = self.passes
         self._flush_at_end_of_pass()
         transport.write(data)
+
+    def _hold_after_write(self, transport: Any, held: Any, data: bytes) -> None:
+        """A later write of this pass to a transport already written to: held until the pass
+        ends (or until `FLUSH_BYTES`), so a burst leaves as one write per transport."""
+        if held is _WRITTEN:
+            self.held[transport] = [len(data), data]
+            return
+        held.append(data)
+        held[0] += len(data)
+        if held[0] >= FLUSH_BYTES:
+            self.flush(transport)
 
     def flush(self, transport: Any) -> None:
         """Send what `transport` holds now (before a direct write to it, or its close)."""
