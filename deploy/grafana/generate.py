@@ -106,49 +106,80 @@ def dashboard() -> dict:
         panel("Backend time to first byte, p99", [
             (quantile("0.99", "mcp_gateway_backend_duration_seconds", "backend", backend=True), "{{backend}}")],
               unit="s", x=0, y=52, w=24),
-        row("Cache", 60),
+        row("Resilience", 60),
+        panel("Endpoints in rotation (1 in, 0 ejected or failing)", [
+            (gauge("mcp_gateway_backend_endpoint_up", "backend, endpoint", backend=True), "{{backend}} {{endpoint}}")],
+              x=0, y=61, w=8),
+        panel("Retries / s by reason and outcome", [
+            (rate("mcp_gateway_backend_retries_total", "backend, reason, outcome", backend=True),
+             "{{backend}} {{reason}} {{outcome}}")], unit="reqps", x=8, y=61, w=8),
+        panel("Overload refusals (-31004) and DNS failures", [
+            (rate("mcp_gateway_backend_overloaded_total", "backend", backend=True), "overloaded {{backend}}"),
+            (rate("mcp_gateway_backend_resolve_failures_total", "backend", backend=True), "DNS {{backend}}"),
+        ], unit="reqps", x=16, y=61, w=8),
+        row("Governance", 69),
+        panel("Rate-limited (429) / s by limit", [
+            (rate("mcp_gateway_rate_limited_total", "limit"), "{{limit}}")], unit="reqps", x=0, y=70, w=8),
+        panel("Rate limits decided locally because Redis failed", [
+            (rate("mcp_gateway_rate_limit_fallbacks_total", "instance"), "{{instance}}")], unit="reqps",
+              x=8, y=70, w=8),
+        panel("Tool definitions changed since pinned", [
+            (rate("mcp_gateway_tool_definition_changes_total", "backend, action", backend=True),
+             "{{backend}} {{action}}")], x=16, y=70, w=8),
+        row("Cache", 78),
         panel("Hit ratio by scope", [(ratio("mcp_gateway_cache_lookups_total", "scope", 'outcome="hit"'),
-                                      "{{scope}}")], unit="percentunit", x=0, y=61, w=8),
+                                      "{{scope}}")], unit="percentunit", x=0, y=79, w=8),
         panel("Lookups by outcome and scope", [
             (rate("mcp_gateway_cache_lookups_total", "outcome, scope"), "{{outcome}} {{scope}}")],
-              unit="reqps", x=8, y=61, w=8),
+              unit="reqps", x=8, y=79, w=8),
         panel("Store errors and invalidations", [
             (rate("mcp_gateway_cache_store_errors_total", "store, operation"), "error {{store}} {{operation}}"),
             (rate("mcp_gateway_cache_invalidations_total", "kind"), "invalidated {{kind}}"),
-        ], x=16, y=61, w=8),
-        row("Subscriptions", 69),
+        ], x=16, y=79, w=8),
+        row("Subscriptions", 87),
         panel("Listen streams and upstreams", [
             (gauge("mcp_gateway_listen_client_streams", "instance"), "client streams {{instance}}"),
             (gauge("mcp_gateway_listen_upstreams", "backend", backend=True), "upstreams {{backend}}"),
-        ], x=0, y=70, w=8),
+        ], x=0, y=88, w=8),
         panel("Notifications / s by backend", [
             (rate("mcp_gateway_listen_notifications_total", "backend", backend=True), "{{backend}}")],
-              unit="reqps", x=8, y=70, w=8),
+              unit="reqps", x=8, y=88, w=8),
         panel("Trouble: overflows, gaps, reconnects, refusals", [
             (rate("mcp_gateway_listen_overflows_total", "instance"), "overflows {{instance}}"),
             (rate("mcp_gateway_listen_gaps_total", "backend", backend=True), "gaps {{backend}}"),
             (rate("mcp_gateway_listen_upstream_reconnects_total", "backend", backend=True), "reconnects {{backend}}"),
             (rate("mcp_gateway_listen_rejected_total", "reason"), "refused {{reason}}"),
-        ], x=16, y=70, w=8),
-        row("Sessions (initialize-era clients and backends)", 78),
+            (rate("mcp_gateway_listen_late_acks_total", "backend, outcome", backend=True),
+             "late ack {{backend}} {{outcome}}"),
+            (rate("mcp_gateway_listen_polls_total", "backend, outcome", 'outcome="failed"', backend=True),
+             "failed polls {{backend}}"),
+        ], x=16, y=88, w=8),
+        row("Sessions (initialize-era clients and backends)", 96),
         panel("Legacy client sessions", [
             (gauge("mcp_gateway_legacy_client_sessions", "instance"), "open {{instance}}"),
             (rate("mcp_gateway_legacy_client_sessions_created_total", "instance"), "created {{instance}}"),
             (rate("mcp_gateway_legacy_client_sessions_expired_total", "instance"), "expired {{instance}}"),
-        ], x=0, y=79, w=8),
+        ], x=0, y=97, w=8),
         panel("Backend sessions", [
             (gauge("mcp_gateway_backend_sessions", "backend", backend=True), "open {{backend}}"),
             (rate("mcp_gateway_backend_sessions_created_total", "backend", backend=True), "created {{backend}}"),
             (rate("mcp_gateway_backend_sessions_expired_total", "backend", backend=True), "expired {{backend}}"),
-        ], x=8, y=79, w=8),
+        ], x=8, y=97, w=8),
         panel("Parked MRTR calls (legacy backends)", [
             (gauge("mcp_gateway_mrtr_parked_calls", "backend", backend=True), "{{backend}}"),
             (rate("mcp_gateway_mrtr_parked_refused_total", "backend, limit", backend=True),
              "refused {{backend}} {{limit}}"),
-        ], x=16, y=79, w=8),
-        row("Build", 87),
+        ], x=16, y=97, w=8),
+        row("Configuration", 105),
+        panel("Reloads by result", [(rate("mcp_gateway_config_reloads_total", "result"), "{{result}}")],
+              x=0, y=106, w=12),
+        panel("Generation running, and settings waiting for a restart", [
+            (gauge("mcp_gateway_config_generation", "instance"), "generation {{instance}}"),
+            (gauge("mcp_gateway_config_needs_restart", "instance"), "needs restart {{instance}}"),
+        ], x=12, y=106, w=12),
+        row("Build", 114),
         panel("Versions running", [(gauge("mcp_gateway_build_info", "version, instance"),
-                                    "{{version}} {{instance}}")], x=0, y=88, w=24, h=5, kind="table"),
+                                    "{{version}} {{instance}}")], x=0, y=115, w=24, h=5, kind="table"),
     ]
 
     def variable(name: str, query: str) -> dict:

@@ -341,6 +341,11 @@ def initialise(backends: Iterable[tuple[str, str]]) -> None:
         STDIO_RESTARTS.labels(backend)
         for result in ("ok", "failed"):
             HEALTH_CHECKS.labels(backend, result)
+        BACKEND_OVERLOADED.labels(backend)
+        BACKEND_RESOLVE_FAILURES.labels(backend)
+        for reason in ("unsent", "idempotent"):
+            for outcome in ("sent", "over_budget"):
+                BACKEND_RETRIES.labels(backend, reason, outcome)
         TOOL_CALLS.labels(backend, OTHER, OK)
         TOOL_CALLS.labels(backend, OTHER, TOOL_ERROR)
         for method in _FORWARDED:
@@ -367,6 +372,10 @@ def initialise(backends: Iterable[tuple[str, str]]) -> None:
             family.labels(backend)
         for limit in ("total", "per_principal"):
             MRTR_REFUSED.labels(backend, limit)
+        for outcome in ("granted", "relisten", "nothing"):
+            listen.LATE_ACKS.labels(backend, outcome)
+        for outcome in ("ok", "failed"):
+            listen.POLLS.labels(backend, outcome)
     for reason in ("total", "per_principal", "shutdown"):
         listen.REJECTED.labels(reason)
     for kind in ("lists", "resource", "backend", "flush"):

@@ -284,6 +284,8 @@ class RateLimits:
     def __init__(self, limits: tuple[Limit, ...], *, shared: SharedBuckets | None = None,
                  retry_seconds: float = 1.0, local: LocalBuckets | None = None) -> None:
         self.limits = limits
+        for limit in limits:  # each limit's series exists before its first refusal (rate())
+            RATE_LIMITED.labels(limit.label)
         self.shared = shared
         self.local = local or LocalBuckets()
         self.retry_seconds = retry_seconds

@@ -195,6 +195,8 @@ class Pins:
     def __init__(self, store: PinStore, modes: dict[str, str], *, on_change: Any = None) -> None:
         self.store = store
         self.modes = modes  # backend -> "warn" | "block"
+        for backend, mode in modes.items():  # the series exists before the first change (rate())
+            DEFINITION_CHANGES.labels(backend, "withheld" if mode == "block" else "warned")
         self._pinned: dict[str, dict[str, str]] = {b: {} for b in modes}
         self._pending: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in modes}
         self._loaded_at = float("-inf")

@@ -93,10 +93,12 @@ async def _query(client: httpx.AsyncClient, base: str, expr: str) -> dict[str, A
 async def test_every_dashboard_and_alert_expression_against_a_real_prometheus(backends, tmp_path: Path):
     modern, legacy = backends
     config = tmp_path / "gateway.yaml"
+    # A rate limit and a pinned backend, so that the governance panels have series to show.
     config.write_text(yaml.safe_dump({"backends": [
-        {"name": "m", "url": modern.url, "era": "modern"},
+        {"name": "m", "url": modern.url, "era": "modern", "pin": "warn"},
         {"name": "l", "url": legacy.url, "era": "legacy"},
-    ]}))
+    ], "rate_limits": [{"id": "per-caller", "rate": "1000/s", "burst": 1000, "key": ["principal"]}],
+        "pins": {"file": str(tmp_path / "pins.json")}}))
     gateway = gateway_process(config).start()
     prom_port = free_port()
     prom_config = tmp_path / "prometheus.yml"

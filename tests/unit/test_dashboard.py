@@ -10,6 +10,7 @@ import runpy
 from prometheus_client import REGISTRY
 
 import gateway.app  # noqa: F401  (imports every module that defines metrics)
+import gateway.reload.metrics  # noqa: F401
 import gateway.subscriptions.metrics  # noqa: F401
 from tests.support.procs import ROOT
 
