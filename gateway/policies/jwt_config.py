@@ -171,12 +171,24 @@ def _key_problems(auth: AuthSettings, source: str, algorithms: tuple[str, ...]) 
 
 
 def _jwks_url_problems(url: str) -> list[str]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return [f"jwks_url: {url!r} is not an http(s) URL"]
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+    from gateway.redis_client.plan import redacted  # any password masked: errors reach logs
+
+    shown = redacted(url)
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:
+        return [f"jwks_url: {shown!r} is not an http(s) URL"]
+    if parts.scheme not in ("http", "https") or not hostname:
+        return [f"jwks_url: {shown!r} is not an http(s) URL"]
+    if parts.username is not None or parts.password is not None:
+        # A key set is a public document (RFC 8414 §2 `jwks_uri`, RFC 7517); credentials in its
+        # URL would be one more place a secret is written down, and the URL is logged when a
+        # fetch fails.
+        return [f"jwks_url: {shown!r} carries credentials; a JWKS is public: give its URL without them"]
+    if parts.scheme == "http" and not _is_loopback(hostname):
         # Whoever can alter the key set in transit can mint tokens the gateway accepts.
-        return [f"jwks_url: {url!r} must use https (plain http is accepted only for loopback hosts)"]
+        return [f"jwks_url: {shown!r} must use https (plain http is accepted only for loopback hosts)"]
     return []
 
 

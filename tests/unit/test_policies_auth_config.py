@@ -73,6 +73,13 @@ def test_jwt_fields_under_mode_none_are_refused():
         load_settings(None, auth={"issuer": "https://idp.test"})
 
 
+def test_credentials_in_the_jwks_url_are_refused_and_never_shown():
+    message = problems(jwks_url="https://reader:hunter2-jwks@idp.test/jwks")
+    assert "carries credentials" in message and "reader:***@idp.test" in message
+    assert "hunter2" not in message
+    assert "hunter2" not in problems(jwks_url="http://reader:hunter2-jwks@idp.test/jwks")
+
+
 def test_plain_http_jwks_is_fine_on_loopback():
     assert auth(jwks_url="http://127.0.0.1:9/jwks").jwks_url == "http://127.0.0.1:9/jwks"
 
