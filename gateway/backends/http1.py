@@ -149,6 +149,10 @@ class _Connection(asyncio.Protocol):
             # half-open (reading stops) for a few round trips to see it.
             self._rst_timer = self._loop.call_later(_rst_wait(self.sock), self._judge_fin, True)
             return True
+        # Returning None, the transport closes now and reports connection_lost a loop pass
+        # later: not `open` from here, or the pool could hand out a connection whose writes
+        # the closed transport drops without a word (`_Pool.get`).
+        self.open = False
         # A body delimited by the end of the connection ends here (RFC 9112 §6.3 rule 8).
         try:
             self.parser.feed_data(b"")

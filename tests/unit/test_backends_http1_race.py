@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+import asyncio
 import contextlib
 
 import pytest
@@ -197,3 +198,24 @@ async def test_a_fresh_connection_reset_unread_is_never_sent_and_not_resent_in_a
             await client.request_raw("POST", url, {}, body=b"{}", read_timeout=5)
         await client.aclose()
     assert len(accepted) == 1
+
+
+async def test_a_pooled_connection_whose_fin_the_loop_just_read_is_not_used(caplog) -> None:
+    # The FIN read while the connection is idle in the pool: the loop closes the transport at
+    # once, but its connection_lost runs a loop pass later. A request taken from the pool in
+    # between would be written to a closed transport (which drops it without a word) and then
+    # fail with no answer and no proof of anything: the pool must not hand it out.
+    with threaded_server(answer_once_then(close_at_once), answers) as (url, accepted):
+        client = Http1Client("b", max_connections=4, connect_timeout=2)
+        assert await post(client, url) == b"{}"
+        (pool,) = client._pools.values()
+        (connection, _), = pool._idle
+        deadline = time.monotonic() + 5
+        while not connection.transport.is_closing():  # the loop has read the FIN
+            assert time.monotonic() < deadline, "the server's FIN never arrived"
+            await asyncio.sleep(0)
+        assert connection.response is None and connection.transport.get_extra_info("socket") is not None
+        # connection_lost has not run yet: this request comes first.
+        assert await post(client, url) == b"{}"
+        await client.aclose()
+    assert len(accepted) == 2
