@@ -160,8 +160,10 @@ class UpstreamListen:
         """Hand `message` to every client of this stream, encoded once for all of them
         (encoding.py); a client writes it to its connection before the next one gets it."""
         outgoing = Outgoing(message)
+        started = time.perf_counter()
         for sink in tuple(self.sinks):
             sink.offer(self.id, outgoing)
+        metrics.FANOUT_SECONDS.observe(time.perf_counter() - started)
 
     def fan_out_gap(self) -> None:
         # Once per type a client was granted: the same synthetic messages for clients granted
