@@ -30,6 +30,10 @@ parser.add_argument("--streams", type=int, default=10_000)
 parser.add_argument("--rounds", type=int, default=30)
 parser.add_argument("--steering", choices=("loopback", "rps"), default="loopback")
 parser.add_argument("--gateway-tree", help="import the gateway from this source tree")
+parser.add_argument("--floor", choices=("os.write", "transport.write"),
+                    help="instead of the gateway's fan-out, write each stream's bytes (made before the clock "
+                         "starts) straight to its socket (os.write: the kernel's part alone, the floor of a write "
+                         "loop) or to its uvloop transport (transport.write: the floor through uvloop)")
 parser.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0)
 args = parser.parse_args()
 
@@ -39,6 +43,7 @@ if args.gateway_tree:
     sys.path.insert(0, str(Path(args.gateway_tree).resolve()))
 sys.path.insert(1, str(HERE.parent))
 
+import gateway  # noqa: E402,F401  (first: listen_fanout puts this tree at the front of sys.path)
 import listen_fanout  # noqa: E402
 
 from tests.support.gateway import running_gateway  # noqa: E402
@@ -50,9 +55,21 @@ def thread_cpu() -> tuple[float, float]:
     return r.ru_utime, r.ru_stime
 
 
-async def main() -> None:
-    import gateway
+def floor_writes(stream: object, message: dict) -> list[tuple[object, bytes]]:
+    """(socket, bytes) per stream: the chunk the gateway would write, made as the gateway makes it."""
+    from gateway.subscriptions.encoding import Outgoing
 
+    outgoing = Outgoing(message)
+    writes = []
+    for sink in stream.sinks:  # type: ignore[attr-defined]
+        event = outgoing.event_for(sink.listen_id, sink._id_json)
+        transport = sink._channel._transport
+        to = transport.get_extra_info("socket").fileno() if args.floor == "os.write" else transport
+        writes.append((to, b"%x\r\n%b\r\n" % (len(event), event)))
+    return writes
+
+
+async def main() -> None:
     listen_fanout.place(os.getpid(), listen_fanout.GATEWAY_CPU, args.nice)
     backend = python_server("mutable_modern.py", name="bench-mutable").start()
     listen_fanout.place(backend.proc.pid, listen_fanout.OTHERS_CPU, args.nice)  # type: ignore[union-attr]
@@ -77,9 +94,19 @@ async def main() -> None:
             user, system, wall = [], [], []
             with listen_fanout.steering(args.steering):
                 for k in range(1, args.rounds + 1):
+                    if args.floor:
+                        writes = floor_writes(stream, message)
                     u0, s0 = thread_cpu()
                     t0 = time.perf_counter()
-                    stream.fan_out(message)
+                    if args.floor == "os.write":
+                        write = os.write
+                        for fd, data in writes:
+                            write(fd, data)
+                    elif args.floor:
+                        for transport, data in writes:
+                            transport.write(data)
+                    else:
+                        stream.fan_out(message)
                     t1 = time.perf_counter()
                     u1, s1 = thread_cpu()
                     user.append((u1 - u0) / n * 1e6)
@@ -93,7 +120,7 @@ async def main() -> None:
             for reader in readers:
                 await reader.say("dump")
                 await reader.expect("{")
-        print(f"gateway {Path(gateway.__file__).parents[1]}, {n} streams, {args.rounds} rounds, "
+        print(f"{'floor ' + args.floor if args.floor else 'gateway'} {Path(gateway.__file__).parents[1]}, {n} streams, {args.rounds} rounds, "
               f"steering {args.steering}, load average {os.getloadavg()[0]:.2f}")
         print(f"write loop per stream: user {statistics.median(user):.2f} µs (min {min(user):.2f}), "
               f"system {statistics.median(system):.2f} µs (min {min(system):.2f}); first to last write "

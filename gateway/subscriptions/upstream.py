@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from gateway import write_batch
 from gateway.backends.base import Backend, Reply, internal_call
 from gateway.protocol import jsonrpc as rpc
 from gateway.subscriptions import metrics
@@ -158,11 +159,14 @@ class UpstreamListen:
 
     def fan_out(self, message: Message) -> None:
         """Hand `message` to every client of this stream, encoded once for all of them
-        (encoding.py); a client writes it to its connection before the next one gets it."""
+        (encoding.py): each client in turn makes its bytes (or queues the message), and the
+        connections are written back to back once every client has had it, in the same pass."""
         outgoing = Outgoing(message)
         started = time.perf_counter()
-        for sink in tuple(self.sinks):
-            sink.offer(self.id, outgoing)
+        # The streams' writes leave back to back at the end of the loop (write_batch.py `burst`).
+        with write_batch.for_loop(asyncio.get_running_loop()).burst():
+            for sink in tuple(self.sinks):
+                sink.offer(self.id, outgoing)
         metrics.FANOUT_SECONDS.observe(time.perf_counter() - started)
 
     def fan_out_gap(self) -> None:
