@@ -11,7 +11,8 @@ system CPU (getrusage RUSAGE_THREAD) and wall time, per stream. The system time 
 kernel's TCP send of one segment per stream, and on plain loopback the receiving side's TCP
 input too (`--steering rps` moves that to the readers' CPU, bench/listen_fanout.py STEERING).
 Reported: the median and minimum over rounds. For comparing trees: `--gateway-tree` runs this
-script's gateway from another source tree.
+script's gateway from another source tree; `--floor` writes the same bytes without the gateway
+(the kernel's part alone, or through uvloop's transports). It waits for bench/run.py's lock.
 """
 
 from __future__ import annotations
@@ -132,6 +133,12 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    import fcntl
+    import tempfile
+
+    # bench/run.py's lock: one measurement at a time on the machine (this one sets loopback's steering).
+    lock = open(Path(tempfile.gettempdir()) / "mcp-gateway-bench.lock", "a+")  # noqa: SIM115
+    fcntl.flock(lock, fcntl.LOCK_EX)
     try:
         import uvloop
         uvloop.install()
