@@ -136,8 +136,8 @@ class WriteBatch:
     @contextlib.contextmanager
     def burst(self) -> Iterator[None]:
         """Within it, the first write of the pass to each transport (`write_through_marked`)
-        is collected, and all of them are sent back to back when it ends, in the order they
-        were made: for a writer that writes once to each of thousands of transports in one
+        is collected, and they are sent back to back in the order they were made, each time
+        `BURST_WRITES` are collected and when it ends: for a writer that writes once to each of thousands of transports in one
         synchronous loop (a listen fan-out, subscriptions/upstream.py). `flush` and
         `write_now` (and so a close through http11.py) send what the burst collected first,
         so that no bytes overtake it. A later write of the same pass to a transport is held

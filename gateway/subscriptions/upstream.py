@@ -160,10 +160,10 @@ class UpstreamListen:
     def fan_out(self, message: Message) -> None:
         """Hand `message` to every client of this stream, encoded once for all of them
         (encoding.py): each client in turn makes its bytes (or queues the message), and the
-        connections are written back to back once every client has had it, in the same pass."""
+        connections are written back to back, a few hundred at a time, in the same pass."""
         outgoing = Outgoing(message)
         started = time.perf_counter()
-        # The streams' writes leave back to back at the end of the loop (write_batch.py `burst`).
+        # The streams' writes leave back to back, BURST_WRITES at a time (write_batch.py `burst`).
         with write_batch.for_loop(asyncio.get_running_loop()).burst():
             for sink in tuple(self.sinks):
                 sink.offer(self.id, outgoing)
