@@ -21,10 +21,10 @@ A listen fan-out writes once to each of thousands of transports in one call (`bu
 first writes are collected and sent back to back, `BURST_WRITES` at a time, still in the same
 pass. When the receiving side of a write runs on another CPU (the packet handed to another
 core, as Receive Packet Steering does), the kernel interrupts that CPU only if it has
-nothing queued already: writes spaced by the Python work that
-decides and frames each stream's bytes let it drain its queue between them, so nearly every
-write paid a wakeup (an inter-processor interrupt, on a VM an exit); back to back, one wakeup
-serves many (bench/README.md "Listen fan-out, third round").
+nothing queued already: writes spaced by the Python work that decides and frames each
+stream's bytes let it drain its queue between them, so nearly every write paid an
+inter-processor interrupt (on a VM an exit); back to back, one serves many (bench/README.md
+"Listen fan-out, third round").
 """
 
 from __future__ import annotations
