@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import resource
 import statistics
@@ -93,10 +94,12 @@ async def main() -> None:
             message = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
             await asyncio.sleep(0.5)
             user, system, wall = [], [], []
+            collections = 0  # the collector's runs during the write loops (gc.get_stats)
             with listen_fanout.steering(args.steering):
                 for k in range(1, args.rounds + 1):
                     if args.floor:
                         writes = floor_writes(stream, message)
+                    gc0 = sum(g["collections"] for g in gc.get_stats())
                     u0, s0 = thread_cpu()
                     t0 = time.perf_counter()
                     if args.floor == "os.write":
@@ -110,6 +113,7 @@ async def main() -> None:
                         stream.fan_out(message)
                     t1 = time.perf_counter()
                     u1, s1 = thread_cpu()
+                    collections += sum(g["collections"] for g in gc.get_stats()) - gc0
                     user.append((u1 - u0) / n * 1e6)
                     system.append((s1 - s0) / n * 1e6)
                     wall.append((t1 - t0) * 1e3)
@@ -125,7 +129,8 @@ async def main() -> None:
               f"steering {args.steering}, load average {os.getloadavg()[0]:.2f}")
         print(f"write loop per stream: user {statistics.median(user):.2f} µs (min {min(user):.2f}), "
               f"system {statistics.median(system):.2f} µs (min {min(system):.2f}); first to last write "
-              f"{statistics.median(wall):.1f} ms (min {min(wall):.1f}, max {max(wall):.1f})")
+              f"{statistics.median(wall):.1f} ms (min {min(wall):.1f}, max {max(wall):.1f}); "
+              f"{collections} garbage collections in them")
     finally:
         for reader in readers:
             reader.kill()
