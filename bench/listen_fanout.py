@@ -51,6 +51,7 @@ from tests.support.procs import Proc, RedisServer, free_port, python_server  # n
 
 MARK = b"notifications/tools/list_changed"
 ACK = b"subscriptions/acknowledged"
+SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 GATEWAY_CPU, OTHERS_CPU = 0, 1
 READER_PROCESSES = 2
 
@@ -59,7 +60,7 @@ READER_PROCESSES = 2
 
 
 class _Stream(asyncio.Protocol):
-    """One raw listen stream: stamps each notification's arrival."""
+    """One raw listen stream (the `woken` reader): stamps each notification's arrival."""
 
     __slots__ = ("request", "acked", "arrivals", "tail", "transport")
 
@@ -89,6 +90,84 @@ class _Stream(asyncio.Protocol):
             self.acked.set_exception(ConnectionError("closed before the ack"))
 
 
+def check_notification(data: bytes, listen_id: str) -> bool:
+    """One SSE event's `data:` line is a tools/list_changed notification tagged with exactly
+    this stream's listen id (as a string, the type it was sent with)."""
+    for line in data.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                message = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return False
+            params = message.get("params") if isinstance(message, dict) else None
+            meta = params.get("_meta") if isinstance(params, dict) else None
+            return (message.get("jsonrpc") == "2.0" and message.get("method") == MARK.decode()
+                    and "id" not in message and isinstance(meta, dict) and meta.get(SUBSCRIPTION_ID) == listen_id)
+    return False
+
+
+class _CheckedStream(asyncio.Protocol):
+    """One raw listen stream (the `paced` reader): splits the body into SSE events, checks
+    every notification (`check_notification`: its method and this stream's own id), and
+    stamps its arrival. A stream's notifications are all the same bytes (the same
+    tools/list_changed, the same id, so the same chunk), so once one read brought exactly one
+    notification that checked out, a later read of exactly those bytes is that notification
+    again, and anything else is parsed in full: a bytes comparison per delivery, not a JSON
+    parse (the readers' CPU is the other core's bottleneck with `rps`)."""
+
+    __slots__ = ("request", "listen_id", "acked", "arrivals", "pending", "expected", "wrong", "tally", "transport")
+
+    def __init__(self, request: bytes, listen_id: str, acked: asyncio.Future[None], tally: list[int]) -> None:
+        self.request = request
+        self.listen_id = listen_id
+        self.acked = acked
+        self.arrivals: list[float] = []
+        self.pending = b""  # the bytes after the last complete event
+        self.expected: bytes | None = None  # a read that was exactly one notification that checked out
+        self.wrong = 0  # notifications that did not (another id, another method, bad JSON)
+        self.tally = tally  # [notifications received by every stream of the process]
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        if data == self.expected and not self.pending:
+            self.arrivals.append(now)
+            self.tally[0] += 1
+            return
+        whole = not self.pending
+        pending = self.pending + data
+        end = pending.rfind(b"\n\n")  # an SSE event ends with an empty line
+        if end < 0:
+            self.pending = pending
+            return
+        self.pending = pending[end + 2:]
+        checked = 0
+        for event in pending[:end].split(b"\n\n"):
+            # Each event is preceded by its chunk's size line (and the previous chunk's CRLF).
+            if MARK in event:
+                if check_notification(event, self.listen_id):
+                    self.arrivals.append(now)
+                    self.tally[0] += 1
+                    checked += 1
+                else:
+                    self.wrong += 1
+            elif not self.acked.done() and ACK in event:
+                self.acked.set_result(None)
+        if whole and checked == 1 and self.pending == b"\r\n" and self.acked.done():
+            self.expected = data  # one chunk, one notification: what the next ones look like
+            self.pending = b""
+        elif self.pending == b"\r\n":  # the end of the chunk: nothing of the next event yet
+            self.pending = b""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.acked.done():
+            self.acked.set_exception(ConnectionError("closed before the ack"))
+
+
 def _request(port: int, listen_id: str) -> bytes:
     body = orjson.dumps(mcp_http.body("subscriptions/listen", {"notifications": {"toolsListChanged": True}},
                                       id=listen_id))
@@ -97,20 +176,44 @@ def _request(port: int, listen_id: str) -> bytes:
             .encode() + body)
 
 
-async def _reader_main(ports: list[int], first: int, count: int) -> None:
+# The readers (`--readers`; bench/README.md "Listen fan-out, third round").
+#   woken: the first rounds' reader. Its event loop sleeps in epoll_wait, so every segment that
+#          reaches one of its sockets wakes it: on loopback that wakeup (the reader's CPU sent an
+#          inter-processor interrupt, a VM exit here) runs inside the gateway's write(), the
+#          readers' cost on the gateway's bill. It counts the method's name in the bytes.
+#   paced: the loop never sleeps in epoll_wait: a callback sleeps PACE_SECONDS in nanosleep,
+#          then the loop polls without blocking and reads every socket that has data. A segment
+#          that arrives meanwhile is queued to its socket with nobody to wake, as a client on
+#          another host costs the gateway nothing to wake. Arrivals are stamped when read, so
+#          the latency it measures is at worst PACE_SECONDS more, never less. It checks every
+#          notification's method and listen id (`_CheckedStream`).
+READERS = ("paced", "woken")
+PACE_SECONDS = 0.0005
+
+
+async def _reader_main(ports: list[int], first: int, count: int, mode: str = "paced") -> None:
     """Opens `count` streams (ids first.., spread over `ports`), says `ready`, then answers
-    `wait K` (every stream has K notifications) and `dump` (the arrival times) on stdin."""
+    `wait K` (every stream has K notifications) and `dump` (the arrival times, and how many
+    notifications failed the check) on stdin."""
     loop = asyncio.get_running_loop()
-    streams: list[_Stream] = []
+    streams: list[_Stream] | list[_CheckedStream] = []
+    tally = [0]
     for start in range(first, first + count, 250):  # in batches: a storm measures the backlog
-        batch = []
+        batch: list = []
         for i in range(start, min(first + count, start + 250)):
             port = ports[i % len(ports)]
-            stream = _Stream(_request(port, f"bench-{i}"), loop.create_future())
+            request = _request(port, f"bench-{i}")
+            stream = (_Stream(request, loop.create_future()) if mode == "woken"
+                      else _CheckedStream(request, f"bench-{i}", loop.create_future(), tally))
             await loop.create_connection(lambda s=stream: s, "127.0.0.1", port)
             batch.append(stream)
         await asyncio.wait_for(asyncio.gather(*(s.acked for s in batch)), 120)
-        streams += batch
+        streams += batch  # type: ignore[operator]
+    if mode == "paced":
+        def pace() -> None:
+            time.sleep(PACE_SECONDS)  # blocking on purpose: see READERS
+            loop.call_soon(pace)
+        loop.call_soon(pace)
     print("ready", flush=True)
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
@@ -118,11 +221,17 @@ async def _reader_main(ports: list[int], first: int, count: int) -> None:
         if line[0] == "wait":
             k = int(line[1])
             deadline = time.monotonic() + 120
-            while any(len(s.arrivals) < k for s in streams) and time.monotonic() < deadline:
-                await asyncio.sleep(0.002)
+            if mode == "woken":
+                while any(len(s.arrivals) < k for s in streams) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.002)
+            else:  # a count, not a walk over every stream every 2 ms
+                while ((tally[0] < k * len(streams) or any(len(s.arrivals) < k for s in streams))
+                       and time.monotonic() < deadline):
+                    await asyncio.sleep(0.002)
             print("done", flush=True)
         elif line[0] == "dump":
-            sys.stdout.write(orjson.dumps([s.arrivals for s in streams]).decode() + "\n")
+            wrong = sum(s.wrong for s in streams) if mode == "paced" else None  # type: ignore[union-attr]
+            sys.stdout.write(orjson.dumps({"arrivals": [s.arrivals for s in streams], "wrong": wrong}).decode() + "\n")
             sys.stdout.flush()
             break
     for s in streams:
@@ -135,9 +244,10 @@ class _ReaderProcess:
         self.proc = proc
 
     @classmethod
-    async def start(cls, ports: list[int], first: int, count: int, cpu: int | None) -> _ReaderProcess:
+    async def start(cls, ports: list[int], first: int, count: int, cpu: int | None,
+                    mode: str = "paced") -> _ReaderProcess:
         argv = [sys.executable, __file__, "--reader", "--ports", ",".join(map(str, ports)),
-                "--first", str(first), "--count", str(count)]
+                "--first", str(first), "--count", str(count), "--readers", mode]
         if cpu is not None:
             argv += ["--cpu", str(cpu)]
         proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
@@ -276,6 +386,16 @@ def net_rx_softirqs() -> list[int]:
     return []
 
 
+async def fanout_seconds(http: httpx.AsyncClient, port: int) -> float | None:
+    """The gateway's mcp_gateway_listen_fanout_seconds_sum (its write loops so far, s), or None
+    when it has no such metric (an older tree)."""
+    text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    for row in text.splitlines():
+        if row.startswith("mcp_gateway_listen_fanout_seconds_sum"):
+            return float(row.split()[-1])
+    return None
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -292,18 +412,22 @@ def _gateway(config: Path, tree: str | None) -> Proc:
 
 async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = None,
                   pinned: bool = True, nice: int = 0, perf: str | None = None,
-                  steer: str = "loopback") -> dict[str, float]:
+                  steer: str = "loopback", readers: str = "paced") -> dict[str, float]:
     if pinned and (os.cpu_count() or 1) < 2:
         pinned = False
     # With steering the readers' packet input runs in the readers' CPU's softirqs: at the
     # readers' niceness, as without it, where it runs in the gateway's system calls.
     with steering(steer), softirqs_at(OTHERS_CPU, nice if steer != "loopback" else 0):
-        result = await _measure(n, rounds, replicas=replicas, tree=tree, pinned=pinned, nice=nice, perf=perf)
-    return {**result, "steering": steer}
+        result = await _measure(n, rounds, replicas=replicas, tree=tree, pinned=pinned, nice=nice, perf=perf,
+                                readers=readers)
+    return {**result, "steering": steer, "readers": readers}
 
 
 async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinned: bool, nice: int,
-                   perf: str | None) -> dict[str, float]:
+                   perf: str | None, readers: str) -> dict[str, float]:
+    if readers not in READERS:
+        raise ValueError(f"unknown readers {readers!r}; one of {READERS}")
+    mode = readers
     gateway_cpu = GATEWAY_CPU if pinned else None
     others_cpu = OTHERS_CPU if pinned else None
     place(os.getpid(), others_cpu, nice)
@@ -338,7 +462,7 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
             started = time.perf_counter()
             ports = [g.port for g in gateways]
             share = -(-n // READER_PROCESSES)
-            readers = [await _ReaderProcess.start(ports, first, min(share, n - first), others_cpu)
+            readers = [await _ReaderProcess.start(ports, first, min(share, n - first), others_cpu, mode)
                        for first in range(0, n, share)]
             for reader in readers:
                 place(reader.proc.pid, None, nice)
@@ -360,7 +484,9 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
             net_rx = [0] * len(net_rx_softirqs())
             reader_cpu = 0.0
             reader_pids = [r.proc.pid for r in readers]
+            fanouts: list[float] = []  # per round, the longest of the replicas' write loops (s)
             for k in range(1, rounds + 1):
+                loops_before = [await fanout_seconds(http, g.port) for g in gateways]
                 before = [cpu_split(pid) for pid in pids]
                 readers_before = sum(sum(cpu_split(pid)) for pid in reader_pids)
                 rx_before = net_rx_softirqs()
@@ -377,14 +503,21 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
                     user, system = user + u1 - u, system + s1 - s
                 net_rx = [t + b - a for t, a, b in zip(net_rx, rx_before, net_rx_softirqs(), strict=True)]
                 reader_cpu += sum(sum(cpu_split(pid)) for pid in reader_pids) - readers_before
+                loops = [await fanout_seconds(http, g.port) for g in gateways]
+                if None not in loops and None not in loops_before:
+                    fanouts.append(max(b - a for a, b in zip(loops_before, loops, strict=True)))  # type: ignore[operator]
                 await asyncio.sleep(0.2)
             if recorder is not None:
                 recorder.send_signal(2)
                 await recorder.wait()
             arrivals: list[list[float]] = []
+            wrong: int | None = None  # notifications that failed the reader's check (None: not checked)
             for reader in readers:
                 await reader.say("dump")
-                arrivals += orjson.loads(await reader.expect("["))
+                dump = orjson.loads(await reader.expect("{"))
+                arrivals += dump["arrivals"]
+                if dump["wrong"] is not None:
+                    wrong = (wrong or 0) + dump["wrong"]
     finally:
         for reader in readers:
             reader.kill()
@@ -393,17 +526,27 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
         backend.stop()
         if redis is not None:
             redis.stop()
-    complete = len(arrivals) == n and all(len(a) == rounds for a in arrivals)
+    complete = len(arrivals) == n and all(len(a) == rounds for a in arrivals) and not wrong
     deliveries: list[float] = []
     last: list[float] = []
+    first: list[float] = []
     for k, at in enumerate(published):
         latencies = [a[k] - at for a in arrivals if len(a) > k]
         deliveries += latencies
         last.append(max(latencies))
+        first.append(min(latencies))
     return {
-        "n": n, "replicas": replicas, "upstreams": upstreams, "complete": complete, "open_s": open_seconds,
+        "n": n, "replicas": replicas, "upstreams": upstreams, "complete": complete, "wrong": wrong,
+        "open_s": open_seconds,
         "p50_ms": pct(deliveries, 0.5) * 1000, "p99_ms": pct(deliveries, 0.99) * 1000,
         "last_p50_ms": statistics.median(last) * 1000, "last_p99_ms": pct(last, 0.99) * 1000,
+        # To the first stream (p50 over rounds): the backend's publish, the upstream stream, the
+        # hub, one write and one read; what is not the write loop.
+        "first_p50_ms": statistics.median(first) * 1000,
+        # The gateway's write loop, first stream to last (mcp_gateway_listen_fanout_seconds), p50
+        # and the longest over rounds; None for a gateway without that metric.
+        "loop_p50_ms": statistics.median(fanouts) * 1000 if fanouts else None,
+        "loop_max_ms": max(fanouts) * 1000 if fanouts else None,
         "rss_per_stream_kb": (rss_idle - rss_before) / n / 1024,
         "cpu_us_per_delivery": (user + system) / (n * rounds) * 1e6,
         "user_us_per_delivery": user / (n * rounds) * 1e6,
@@ -426,15 +569,16 @@ def largest_n(reserve: int = 500) -> int:
     return 50_000 if hard == resource.RLIM_INFINITY else min(50_000, hard - reserve)
 
 
-HEADER = (f"{'steering':>8} {'N':>7} {'repl':>4} {'upstr':>5} {'all got all':>11} {'open (s)':>8} {'µs CPU/dlv (usr+sys)':>20} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'last p50':>9} {'last p99':>9} {'RSS/stream':>11} {'readers µs/dlv':>14}  NET_RX per CPU")
+HEADER = (f"{'readers':>7} {'steering':>8} {'N':>7} {'repl':>4} {'upstr':>5} {'all got all':>11} {'open (s)':>8} {'µs CPU/dlv (usr+sys)':>20} "
+          f"{'p50 ms':>8} {'p99 ms':>8} {'last p50':>9} {'last p99':>9} {'first p50':>9} {'loop p50/max':>13} {'RSS/stream':>11} {'readers µs/dlv':>14}  NET_RX per CPU")
 
 
 def line(r: dict[str, float]) -> str:
     cpu = f"{r['cpu_us_per_delivery']:>6.1f} ({r['user_us_per_delivery']:.1f}+{r['sys_us_per_delivery']:.1f})"
-    return (f"{r['steering']:>8} {r['n']:>7} {r['replicas']:>4} {r['upstreams']:>5} {str(r['complete']):>11} {r['open_s']:>8.1f} "
+    loop = "-" if r["loop_p50_ms"] is None else f"{r['loop_p50_ms']:.1f}/{r['loop_max_ms']:.1f}"
+    return (f"{r['readers']:>7} {r['steering']:>8} {r['n']:>7} {r['replicas']:>4} {r['upstreams']:>5} {str(r['complete']):>11} {r['open_s']:>8.1f} "
             f"{cpu:<21}{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
-            f"{r['last_p99_ms']:>9.1f} {r['rss_per_stream_kb']:>8.1f} KB {r['reader_us_per_delivery']:>14.1f}  {'/'.join(map(str, r['net_rx_per_cpu']))}")
+            f"{r['last_p99_ms']:>9.1f} {r['first_p50_ms']:>9.1f} {loop:>13} {r['rss_per_stream_kb']:>8.1f} KB {r['reader_us_per_delivery']:>14.1f}  {'/'.join(map(str, r['net_rx_per_cpu']))}")
 
 
 def main() -> int:
@@ -450,6 +594,9 @@ def main() -> int:
     parser.add_argument("--steering", nargs="+", choices=STEERING, default=["loopback"],
                         help="loopback packet steering for each measurement (rfs: the readers' TCP input "
                              "on their own CPU, as over a network); several: each N in each mode")
+    parser.add_argument("--readers", nargs="+", choices=READERS, default=["paced"],
+                        help="the readers (READERS: paced = not woken per segment, checks every notification; "
+                             "woken = the first rounds' reader); several: each N in each")
     parser.add_argument("--reader", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ports", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, help=argparse.SUPPRESS)
@@ -462,15 +609,17 @@ def main() -> int:
         with contextlib.suppress(ImportError):
             import uvloop
             uvloop.install()
-        asyncio.run(_reader_main([int(p) for p in args.ports.split(",")], args.first, args.count))
+        asyncio.run(_reader_main([int(p) for p in args.ports.split(",")], args.first, args.count, args.readers[0]))
         return 0
     print(f"listen fan-out, {os.cpu_count()} CPUs; latency = backend publish -> client receives (wall clock)")
     print(HEADER)
     for n in args.clients:
         for steer in args.steering:
-            r = asyncio.run(measure(n, args.rounds, replicas=args.replicas, tree=args.gateway_tree,
-                                    pinned=not args.no_pin, nice=args.nice, perf=args.perf, steer=steer))
-            print(line(r), flush=True)
+            for readers in args.readers:
+                r = asyncio.run(measure(n, args.rounds, replicas=args.replicas, tree=args.gateway_tree,
+                                        pinned=not args.no_pin, nice=args.nice, perf=args.perf, steer=steer,
+                                        readers=readers))
+                print(line(r), flush=True)
     return 0
 
 

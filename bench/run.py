@@ -956,28 +956,34 @@ def wl_listen_fanout(ctx: Context) -> Report:
     import listen_fanout
 
     sizes = LISTEN_SIZES[:1] if ctx.args.smoke else (*LISTEN_SIZES, listen_fanout.largest_n())
+    if ctx.args.listen_sizes:
+        sizes = tuple(listen_fanout.largest_n() if s.strip() == "max" else int(s)
+                      for s in ctx.args.listen_sizes.split(",") if s.strip())
+    reader_modes = [m.strip() for m in ctx.args.listen_readers.split(",") if m.strip()]
     trees: list[tuple[str, str | None]] = [("gateway", None)]
     for spec in ctx.args.compare:
         label, _, tree = spec.partition("=")
         trees.append((label, tree))
     steerings = [m.strip() for m in ctx.args.listen_steering.split(",") if m.strip()]
-    rep = Report(["N", "gateway", "replicas", "loopback steering", "upstream listens", "every client got every one",
-                  "open all (s)",
+    rep = Report(["N", "gateway", "replicas", "loopback steering", "readers", "upstream listens",
+                  "every client got every one", "open all (s)",
                   "gateway CPU µs/delivery (user+sys)", "delivery p50 ms", "delivery p99 ms",
-                  "to last client p50 ms", "to last client p99 ms", "gateway RSS per idle stream KB",
+                  "to last client p50 ms", "to last client p99 ms", "to first client p50 ms",
+                  "gateway write loop p50 / max ms", "gateway RSS per idle stream KB",
                   "readers CPU µs/delivery", "NET_RX softirqs per CPU"])
     for n in sizes:
         rounds = 3 if ctx.args.smoke else (20 if n <= 10_000 else 10)
-        for replicas, steer in ((r, m) for r in ((1,) if ctx.args.smoke else (1, 2)) for m in steerings):
+        for replicas, steer, readers in ((r, m, d) for r in ((1,) if ctx.args.smoke else (1, 2)) for m in steerings
+                                         for d in reader_modes):
             for label, tree in trees:  # trees back to back at each size: the same machine state
-                what = f"N={n} {label} x{replicas} steering={steer}"
+                what = f"N={n} {label} x{replicas} steering={steer} readers={readers}"
                 log(f"  listen fan-out {what}, {rounds} rounds")
                 r = None
                 for attempt in (1, 2):  # once more after a failure: free ports race other tenants
                     try:
                         r = asyncio.run(listen_fanout.measure(n, rounds, replicas=replicas, tree=tree,
                                                               pinned=not ctx.args.no_pin, nice=ctx.args.nice,
-                                                              steer=steer))
+                                                              steer=steer, readers=readers))
                         break
                     except Exception as e:  # one failed size must not cost the others their figures
                         log(f"  {what} attempt {attempt} FAILED: {type(e).__name__}: {e}")
@@ -987,17 +993,20 @@ def wl_listen_fanout(ctx: Context) -> Report:
                     continue
                 r["gateway"] = label
                 rep.raw.append(r)
-                rep.rows.append([f"{n:,}", label, str(replicas), steer, str(r["upstreams"]), str(r["complete"]),
-                                 f"{r['open_s']:.1f}",
+                loop = ("-" if r["loop_p50_ms"] is None
+                        else f"{r['loop_p50_ms']:.1f} / {r['loop_max_ms']:.1f}")
+                rep.rows.append([f"{n:,}", label, str(replicas), steer, readers, str(r["upstreams"]),
+                                 str(r["complete"]), f"{r['open_s']:.1f}",
                                  f"{r['cpu_us_per_delivery']:.1f} ({r['user_us_per_delivery']:.1f}+"
                                  f"{r['sys_us_per_delivery']:.1f})",
                                  f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}",
-                                 f"{r['last_p99_ms']:.1f}", f"{r['rss_per_stream_kb']:.1f}",
+                                 f"{r['last_p99_ms']:.1f}", f"{r['first_p50_ms']:.1f}", loop,
+                                 f"{r['rss_per_stream_kb']:.1f}",
                                  f"{r['reader_us_per_delivery']:.1f}", "/".join(map(str, r["net_rx_per_cpu"]))])
                 if r["upstreams"] != 1:
                     rep.failures.append(f"{what}: the backend held {r['upstreams']} upstream listens, expected 1")
                 if not r["complete"]:
-                    rep.failures.append(f"{what}: some clients missed notifications")
+                    rep.failures.append(f"{what}: some clients missed notifications or got one that failed the check")
                 log(f"  N={n}: " + " ".join(f"{k}={v}" for k, v in zip(rep.header[1:], rep.rows[-1][1:])))
     return rep
 
@@ -1243,6 +1252,13 @@ def main(argv=None) -> int:
                    help="listen-fanout: loopback packet steering modes, each N in each (bench/listen_fanout.py "
                         "STEERING: loopback = the kernel's default, the readers' TCP input in the gateway's "
                         "write(); rps = that input on the readers' CPU, as over a network; rfs)")
+    p.add_argument("--listen-readers", default="paced",
+                   help="listen-fanout: the reader processes, each N with each (bench/listen_fanout.py READERS: "
+                        "paced = not woken per segment, checks every notification; woken = the first two "
+                        "rounds' reader), e.g. woken,paced")
+    p.add_argument("--listen-sizes", default="",
+                   help="listen-fanout: the N to measure, comma list ('max' = the descriptor limit); default "
+                        "1000,10000,max")
     p.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
                    help="niceness for every process under test and wrk (default -10 as root:"
                         " other tenants' CPU hogs then disturb less; same for every target)")

@@ -16,25 +16,40 @@ without yielding; anything that closes a transport or writes to it directly firs
 `flush(transport)`, so bytes never overtake each other. A writer that knows nothing else can
 share the wakeup (http11.py: the only request being answered) uses `write_now`, which sends at
 once behind what the transport holds (bench/README.md "Profile").
+
+A listen fan-out writes once to each of thousands of transports in one call (`burst`): their
+first writes are collected and sent back to back, `BURST_WRITES` at a time, still in the same
+pass. When the receiving side of a write runs on another CPU (the packet handed to another
+core, as Receive Packet Steering does), the kernel interrupts that CPU only if it has
+nothing queued already: writes spaced by the Python work that decides and frames each
+stream's bytes let it drain its queue between them, so nearly every write paid an
+inter-processor interrupt (on a VM an exit); back to back, one serves many (bench/README.md
+"Listen fan-out, third round").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 log = logging.getLogger("gateway.write_batch")
 
 # Held bytes above which a transport is written at once, as if unbatched.
 FLUSH_BYTES = 64 * 1024
+# Writes a `burst` collects before it sends them: enough back to back for one wakeup of the
+# receiving side to serve many of them, few enough that the first streams need not wait for
+# the Python work of the last ones (bench/README.md "Listen fan-out, third round").
+BURST_WRITES = 256
 
 
 class WriteBatch:
     """The writes of one event loop's current pass, per transport, in order."""
 
-    __slots__ = ("_loop", "held", "passes", "_due", "__weakref__")
+    __slots__ = ("_loop", "held", "passes", "_due", "_burst_to", "_burst_data", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -44,6 +59,11 @@ class WriteBatch:
         # `MarkedWriter` compares its mark with.
         self.passes = 0
         self._due = False  # flush_all is scheduled
+        # During a `burst`: the transports whose first write of the pass it collected, and the
+        # bytes, in order (two lists, not a tuple per write: 10,000 tuples a fan-out would set
+        # off the collector). None outside a burst.
+        self._burst_to: list[Any] | None = None
+        self._burst_data: list[bytes] = []
 
     def _flush_at_end_of_pass(self) -> None:
         if not self._due:
@@ -64,6 +84,8 @@ class WriteBatch:
         """Write `data` at once, behind whatever `transport` holds: for a writer that knows no
         other write of this pass could share the wakeup (http11.py: the only request being
         answered), so that its peer need not wait for the rest of the pass."""
+        if self._burst_to:
+            self._send_burst()  # what a burst collected goes first (it may hold this transport's)
         held = self.held.pop(transport, None)
         if held is None or held is _WRITTEN:
             held = [0]
@@ -102,7 +124,40 @@ class WriteBatch:
             return
         writer.written_in = self.passes
         self._flush_at_end_of_pass()
+        burst = self._burst_to
+        if burst is not None:
+            burst.append(transport)
+            self._burst_data.append(data)
+            if len(burst) >= BURST_WRITES:
+                self._send_burst()
+            return
         transport.write(data)
+
+    @contextlib.contextmanager
+    def burst(self) -> Iterator[None]:
+        """Within it, the first write of the pass to each transport (`write_through_marked`)
+        is collected, and they are sent back to back in the order they were made, each time
+        `BURST_WRITES` are collected and when it ends: for a writer that writes once to each of thousands of transports in one
+        synchronous loop (a listen fan-out, subscriptions/upstream.py). `flush` and
+        `write_now` (and so a close through http11.py) send what the burst collected first,
+        so that no bytes overtake it. A later write of the same pass to a transport is held
+        as usual and leaves at the end of the pass, behind the burst's. Nested, the outermost
+        sends."""
+        if self._burst_to is not None:
+            yield
+            return
+        self._burst_to, self._burst_data = [], []
+        try:
+            yield
+        finally:
+            self._send_burst()
+            self._burst_to = None
+
+    def _send_burst(self) -> None:
+        transports, data = self._burst_to, self._burst_data
+        self._burst_to, self._burst_data = [], []
+        for transport, chunk in zip(transports, data):  # type: ignore[arg-type]  # noqa: B905 (same length)
+            _send_one(transport, chunk)
 
     def _hold_after_write(self, transport: Any, held: Any, data: bytes) -> None:
         """A later write of this pass to a transport already written to: held until the pass
@@ -117,6 +172,8 @@ class WriteBatch:
 
     def flush(self, transport: Any) -> None:
         """Send what `transport` holds now (before a direct write to it, or its close)."""
+        if self._burst_to:
+            self._send_burst()  # what a burst collected goes first (it may hold this transport's)
         held = self.held.pop(transport, None)
         if held is not None:
             _send(transport, held)
@@ -147,10 +204,14 @@ _WRITTEN: Any = (0,)
 def _send(transport: Any, held: Any) -> None:
     if len(held) == 1:
         return  # marked by `write_through`, nothing held after it
+    _send_one(transport, held[1] if len(held) == 2 else b"".join(held[1:]))
+
+
+def _send_one(transport: Any, data: bytes) -> None:
     if transport.is_closing():
         return  # closed before the pass ended: as a write to a closed transport, dropped
     try:
-        transport.write(held[1] if len(held) == 2 else b"".join(held[1:]))
+        transport.write(data)
     except Exception:
         # One transport that refuses (written after its write_eof(), say) must not cost the
         # others of the pass their bytes; as a direct write would have, it ends its connection.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 CLIENT_STREAMS = Gauge("mcp_gateway_listen_client_streams", "Client subscriptions/listen streams open on this replica.")
 UPSTREAMS = Gauge(
@@ -45,4 +45,11 @@ POLLS = Counter(
     "mcp_gateway_listen_polls_total",
     "Polls of a backend that cannot listen (its lists and subscribed resources), by backend and outcome (ok, failed).",
     ["backend", "outcome"],
+)
+FANOUT_SECONDS = Histogram(
+    "mcp_gateway_listen_fanout_seconds",
+    "Time this replica took to hand one upstream notification to every client stream of the upstream "
+    "stream, from the first to the last (under the gateway's own HTTP/1.1 server: written to each "
+    "connection). It grows with the streams per replica: what the last of them waits for.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0),
 )

@@ -213,3 +213,89 @@ async def test_write_through_goes_behind_what_was_held_for_that_transport(loop):
     assert read_now(peer) == b""
     await _next_passes()
     assert read_now(peer) == b"head body"
+
+
+@_on_each_loop
+async def test_a_burst_sends_the_first_writes_back_to_back_when_it_ends(loop):
+    batch = WriteBatch(loop)
+    pairs = [await _pair(loop) for _ in range(3)]
+    writers = [_Marked() for _ in pairs]
+    with batch.burst():
+        for (transport, _), writer, data in zip(pairs, writers, (b"a", b"b", b"c"), strict=True):
+            batch.write_through_marked(writer, transport, data)
+        assert [read_now(peer) for _, peer in pairs] == [b"", b"", b""]  # collected, not yet sent
+    assert [read_now(peer) for _, peer in pairs] == [b"a", b"b", b"c"]  # sent as the burst ends
+    assert batch.held == {}
+    # A later write of the same pass is held behind the burst's, to the end of the pass.
+    batch.write_through_marked(writers[0], pairs[0][0], b" later")
+    assert read_now(pairs[0][1]) == b""
+    await _next_passes()
+    assert read_now(pairs[0][1]) == b" later"
+
+
+@_on_each_loop
+async def test_a_burst_sends_every_burst_writes_without_waiting_for_its_end(loop):
+    batch = WriteBatch(loop)
+    pairs = [await _pair(loop) for _ in range(write_batch.BURST_WRITES + 1)]
+    with batch.burst():
+        for i, (transport, _) in enumerate(pairs):
+            batch.write_through_marked(_Marked(), transport, b"%d" % i)
+        # The first BURST_WRITES went out when the burst had collected that many; the last waits.
+        assert read_now(pairs[0][1]) == b"0" and read_now(pairs[-2][1]) == b"%d" % (len(pairs) - 2)
+        assert read_now(pairs[-1][1]) == b""
+    assert read_now(pairs[-1][1]) == b"%d" % (len(pairs) - 1)
+    for transport, peer in pairs:
+        transport.close()
+        peer.close()
+
+
+@_on_each_loop
+async def test_flush_and_write_now_in_a_burst_send_what_it_collected_first(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    other, other_peer = await _pair(loop)
+    with batch.burst():
+        batch.write_through_marked(_Marked(), transport, b"collected ")
+        batch.write_now(transport, b"direct")  # must not overtake the collected bytes
+        assert read_now(peer) == b"collected direct"
+        batch.write_through_marked(_Marked(), other, b"one")
+        batch.flush(other)  # before a close, say
+        assert read_now(other_peer) == b"one"
+    assert read_now(peer) == b"" and read_now(other_peer) == b""  # nothing sent twice
+
+
+@_on_each_loop
+async def test_a_burst_that_raises_still_sends_what_it_collected_and_ends(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    with pytest.raises(RuntimeError), batch.burst():
+        batch.write_through_marked(_Marked(), transport, b"made before the fault")
+        raise RuntimeError("a fault in the fan-out")
+    assert read_now(peer) == b"made before the fault"
+    batch.write_through_marked(_Marked(), transport, b" and after it")  # no burst now: at once
+    assert read_now(peer) == b" and after it"
+
+
+@_on_each_loop
+async def test_a_burst_drops_the_bytes_of_a_transport_closed_before_it_ends(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    other, other_peer = await _pair(loop)
+    with batch.burst():
+        batch.write_through_marked(_Marked(), transport, b"lost")
+        batch.write_through_marked(_Marked(), other, b"kept")
+        transport.abort()  # gone without a flush: its collected bytes are dropped, as held ones are
+    assert read_now(other_peer) == b"kept"
+    await _next_passes()
+    assert peer.recv(100) == b""  # end of stream, nothing before it
+
+
+@_on_each_loop
+async def test_nested_bursts_send_when_the_outermost_ends(loop):
+    batch = WriteBatch(loop)
+    transport, peer = await _pair(loop)
+    with batch.burst():
+        with batch.burst():
+            batch.write_through_marked(_Marked(), transport, b"inner")
+        assert read_now(peer) == b""
+    assert read_now(peer) == b"inner"
