@@ -54,7 +54,8 @@ def steps() -> dict[str, Callable[[], object]]:
     dispatcher = runtime.dispatcher
     assert runtime.rules is not None and runtime.rate_limits is not None
     rules, limits = runtime.rules, runtime.rate_limits
-    head = Authorization(None, rules=rules, resolver=PrefixResolver(settings), mcp_paths=[settings.server.path])  # type: ignore[arg-type]
+    head = Authorization(None, rules=rules, resolver=PrefixResolver(settings),  # type: ignore[arg-type]
+                         mcp_paths=[settings.server.path])
     body, headers = request("call")
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "http_version": "1.1",
              "client": ("127.0.0.1", 5000)}

@@ -45,7 +45,7 @@ from prometheus_client import Counter
 from gateway.observability.record import note_rate_limit
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.methods import METHODS
-from gateway.protocol.principal import Principal
+from gateway.protocol.principal import ANONYMOUS, Principal
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings, RateLimit
@@ -86,6 +86,12 @@ class Limit:
     methods: frozenset[str] | None
     names: re.Pattern[str] | None
     backends: frozenset[str] | None
+
+    @property
+    def reads_caller(self) -> bool:
+        """Whether the bucket depends on who calls (the principal, a claim), not only on the
+        request's target."""
+        return any(part == "principal" or part.startswith("claim:") for part in self.key)
 
     def applies(self, method: str, name: str | None, backend: str | None) -> bool:
         if self.methods is not None and method not in self.methods:
@@ -138,6 +144,18 @@ def compile_limit(index: int, limit: RateLimit) -> Limit:
 _SLACK_SECONDS = 1e-9
 
 
+@dataclass(frozen=True, slots=True)
+class LimitPlan:
+    """The limits one target (method, name, backend) meets, worked out once for every caller
+    (`RateLimits.plan`): what a request still does is one GCRA step per limit."""
+
+    # The limits that apply, in configured order (noted on the request's record).
+    limits: tuple[Limit, ...]
+    # Each with its bucket when the target alone decides it (a key of name, backend, method:
+    # built once here, not per request), else None: `Limit.bucket` per request.
+    draws: tuple[tuple[Limit, tuple[Any, ...] | None], ...]
+
+
 class LocalBuckets:
     """GCRA buckets in this process: bucket → theoretical arrival time (monotonic seconds)."""
 
@@ -162,7 +180,7 @@ class LocalBuckets:
         wait = (tat - now) - (burst - 1) * interval
         if wait > _SLACK_SECONDS:
             return wait
-        if bucket not in self._tat and len(self._tat) >= self._max:
+        if len(self._tat) >= self._max and bucket not in self._tat:
             self._evict(now)
         self._tat[bucket] = tat + interval
         return 0.0
@@ -285,13 +303,13 @@ class RateLimits:
                  retry_seconds: float = 1.0, local: LocalBuckets | None = None) -> None:
         self.limits = limits
         self.shared = shared
-        self.local = local or LocalBuckets()
+        self.local = local if local is not None else LocalBuckets()  # an empty one is falsy (__len__)
         self.retry_seconds = retry_seconds
         self._shared_down_until = float("-inf")
         self._warned_at = float("-inf")
-        # (method, name, backend) → the limits that apply: caller-independent, memoized
-        # (bounded: names come from clients).
-        self._memo: dict[tuple[str, str | None, str | None], tuple[Limit, ...]] = {}
+        # (method, name, backend) → its `LimitPlan`: caller-independent, memoized (bounded:
+        # names come from clients).
+        self._memo: dict[tuple[str, str | None, str | None], LimitPlan] = {}
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RateLimits | None:
@@ -313,10 +331,18 @@ class RateLimits:
         return cls(limits, shared=shared, retry_seconds=cache.redis_retry_seconds)
 
     def matching(self, method: str, name: str | None, backend: str | None) -> tuple[Limit, ...]:
+        return self.plan(method, name, backend).limits
+
+    def plan(self, method: str, name: str | None, backend: str | None) -> LimitPlan:
+        """The limits this target meets and, where the target alone decides it, each one's
+        bucket. Memoized: the limits never change while the process runs."""
         key = (method, name, backend)
         found = self._memo.get(key)
         if found is None:
-            found = tuple(limit for limit in self.limits if limit.applies(method, name, backend))
+            limits = tuple(limit for limit in self.limits if limit.applies(method, name, backend))
+            draws = tuple((limit, None if limit.reads_caller else limit.bucket(ANONYMOUS, method, name, backend))
+                          for limit in limits)
+            found = LimitPlan(limits, draws)
             if len(self._memo) >= _MEMO_ENTRIES:
                 self._memo.clear()
             self._memo[key] = found
@@ -326,8 +352,12 @@ class RateLimits:
               backend: str | None) -> Awaitable[None] | None:
         """Raise the 429 refusal when the request is over any limit it meets. Decided at
         once (None) from the local buckets; a coroutine to await when Redis decides."""
-        matched = self.matching(method, name, backend)
-        if not matched:
+        return self.check_plan(self.plan(method, name, backend), principal, method, name, backend)
+
+    def check_plan(self, plan: LimitPlan, principal: Principal, method: str, name: str | None,
+                   backend: str | None) -> Awaitable[None] | None:
+        """`check`, with the target's plan (`plan(method, name, backend)`) already at hand."""
+        if not plan.limits:
             return None
         if self.shared is None:
             # In memory: one GCRA step per limit, no intermediate lists (the pass-through budget:
@@ -336,15 +366,19 @@ class RateLimits:
             local = self.local
             now = local.now()
             over = None
-            for limit in matched:
-                wait = local.take(limit.bucket(principal, method, name, backend), limit.interval, limit.burst, now)
+            for limit, bucket in plan.draws:
+                if bucket is None:
+                    bucket = limit.bucket(principal, method, name, backend)
+                wait = local.take(bucket, limit.interval, limit.burst, now)
                 if wait and over is None:
                     over = (limit, wait)
             if over is not None:
                 self._refuse(*over)
-            note_rate_limit(True, matched)
+            note_rate_limit(True, plan.limits)
             return None
-        requests = [(limit.bucket(principal, method, name, backend), limit.interval, limit.burst) for limit in matched]
+        matched = plan.limits
+        requests = [(bucket if bucket is not None else limit.bucket(principal, method, name, backend), limit.interval,
+                     limit.burst) for limit, bucket in plan.draws]
         if time.monotonic() >= self._shared_down_until:
             return self._check_shared(matched, requests)
         local = self.local

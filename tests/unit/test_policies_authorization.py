@@ -165,3 +165,36 @@ def test_fuzz_the_compiled_rules_agree_with_a_plain_reading(rules, default, prin
             continue
         assert rs.allows(principal, "tools/call", name=name, backend=backend) == \
             plain_reading(rules, default, principal, name), (rules, name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rules=st.lists(rule_strategy, max_size=6), default=st.sampled_from(["allow", "deny"]),
+       principals=st.lists(principal_strategy, min_size=2, max_size=5))
+def test_fuzz_a_plan_made_for_one_caller_decides_for_every_other(rules, default, principals):
+    """A target's plan is worked out once (memoized) and then decides for every caller: when
+    it is a fixed Decision, no caller may be decided otherwise than the rules say."""
+    rs = rules_of({"default": default, "rules": rules}, auth=jwt_auth())
+    if rs is None:
+        return
+    for principal in principals:
+        for name in NAMES:
+            backend = name.split("__")[0]
+            plan = rs.plan("tools/call", name, None, backend)
+            assert rs.plan("tools/call", name, None, backend) is plan  # memoized
+            assert rs.verdict(plan, principal).allowed == plain_reading(rules, default, principal, name), \
+                (rules, name, principal)
+
+
+def test_a_plan_is_the_decision_itself_when_no_caller_can_change_it():
+    rs = rules_of({"default": "deny", "rules": [
+        {"effect": "allow", "names": ["ledger__get_*"], "when": {"claims": {"groups": "finance"}}},
+        {"effect": "allow", "names": ["ledger__*"]},
+    ]}, auth=jwt_auth())
+    fixed = rs.plan("tools/call", "ledger__list", None, "ledger")  # only the unconditional rule
+    assert fixed == rs.decide(who(), "tools/call", name="ledger__list", backend="ledger")
+    assert fixed.rule == "rules.1"
+    assert rs.plan("tools/call", "github__x", None, "github") is rs.default  # no rule about it
+    # The first rule about it reads the caller: the rules are checked per request.
+    assert [r.label for r in rs.plan("tools/call", "ledger__get_a", None, "ledger")] == ["rules.0", "rules.1"]
+    assert rs.decide(who("finance"), "tools/call", name="ledger__get_a").rule == "rules.0"
+    assert rs.decide(who("eng"), "tools/call", name="ledger__get_a").rule == "rules.1"
