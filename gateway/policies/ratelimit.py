@@ -151,17 +151,19 @@ class LimitPlan:
 
     # The limits that apply, in configured order (noted on the request's record).
     limits: tuple[Limit, ...]
-    # Each with its bucket when the target alone decides it (a key of name, backend, method:
-    # built once here, not per request), else None: `Limit.bucket` per request.
-    draws: tuple[tuple[Limit, tuple[Any, ...] | None], ...]
+    # Per limit: its bucket when the target alone decides it (a key of name, backend, method:
+    # built once here, not per request; else None: `Limit.bucket` per request), and its GCRA
+    # interval and tolerance ((burst - 1) × interval), for the in-memory step.
+    draws: tuple[tuple[Limit, tuple[Any, ...] | None, float, float], ...]
 
 
 class LocalBuckets:
     """GCRA buckets in this process: bucket → theoretical arrival time (monotonic seconds)."""
 
     def __init__(self, max_buckets: int = _MAX_LOCAL_BUCKETS, clock: Any = time.monotonic) -> None:
-        self._tat: dict[Any, float] = {}
-        self._max = max_buckets
+        # Read and written by `take`, and by `RateLimits.check_plan`'s copy of its step.
+        self.tats: dict[Any, float] = {}
+        self.max_buckets = max_buckets
         self._clock = clock
 
     def now(self) -> float:
@@ -171,7 +173,7 @@ class LocalBuckets:
         """Take one request from `bucket`: 0 if it may pass, else the seconds to wait."""
         if now is None:
             now = self._clock()
-        tat = self._tat.get(bucket, now)
+        tat = self.tats.get(bucket, now)
         if tat < now:
             tat = now
         # Compared with a nanosecond of slack: in floats, `tat + interval - burst * interval
@@ -180,20 +182,21 @@ class LocalBuckets:
         wait = (tat - now) - (burst - 1) * interval
         if wait > _SLACK_SECONDS:
             return wait
-        if len(self._tat) >= self._max and bucket not in self._tat:
-            self._evict(now)
-        self._tat[bucket] = tat + interval
+        if len(self.tats) >= self.max_buckets and bucket not in self.tats:
+            self.make_room(now)
+        self.tats[bucket] = tat + interval
         return 0.0
 
-    def _evict(self, now: float) -> None:
-        paid = [b for b, t in self._tat.items() if t <= now]
+    def make_room(self, now: float) -> None:
+        """Below the bound again: buckets whose debt is paid go first, then the oldest."""
+        paid = [b for b, t in self.tats.items() if t <= now]
         for b in paid:
-            del self._tat[b]
-        while len(self._tat) >= self._max:
-            del self._tat[next(iter(self._tat))]
+            del self.tats[b]
+        while len(self.tats) >= self.max_buckets:
+            del self.tats[next(iter(self.tats))]
 
     def __len__(self) -> int:
-        return len(self._tat)
+        return len(self.tats)
 
 
 class SharedBuckets(Protocol):
@@ -340,8 +343,8 @@ class RateLimits:
         found = self._memo.get(key)
         if found is None:
             limits = tuple(limit for limit in self.limits if limit.applies(method, name, backend))
-            draws = tuple((limit, None if limit.reads_caller else limit.bucket(ANONYMOUS, method, name, backend))
-                          for limit in limits)
+            draws = tuple((limit, None if limit.reads_caller else limit.bucket(ANONYMOUS, method, name, backend),
+                           limit.interval, (limit.burst - 1) * limit.interval) for limit in limits)
             found = LimitPlan(limits, draws)
             if len(self._memo) >= _MEMO_ENTRIES:
                 self._memo.clear()
@@ -360,25 +363,37 @@ class RateLimits:
         if not plan.limits:
             return None
         if self.shared is None:
-            # In memory: one GCRA step per limit, no intermediate lists (the pass-through budget:
-            # bench/README.md "Governance"). Every bucket with room is charged, then the first
-            # one over refuses, as with Redis.
+            # In memory: every bucket with room is charged, then the first one over refuses, as
+            # with Redis. This is the pass-through budget's path (bench/README.md "The governance
+            # budget, counted"), so `LocalBuckets.take`'s GCRA step is written out here, with the
+            # plan's interval and tolerance: a method call per limit was a quarter of what the
+            # limits cost. Same arithmetic, slack and bound as `take`; a hypothesis test holds
+            # the two together (tests/unit/test_policies_ratelimit.py).
             local = self.local
+            tats = local.tats
             now = local.now()
             over = None
-            for limit, bucket in plan.draws:
+            for limit, bucket, interval, tolerance in plan.draws:
                 if bucket is None:
                     bucket = limit.bucket(principal, method, name, backend)
-                wait = local.take(bucket, limit.interval, limit.burst, now)
-                if wait and over is None:
-                    over = (limit, wait)
+                tat = tats.get(bucket, now)
+                if tat < now:
+                    tat = now
+                wait = (tat - now) - tolerance
+                if wait > _SLACK_SECONDS:
+                    if over is None:
+                        over = (limit, wait)
+                    continue
+                if len(tats) >= local.max_buckets and bucket not in tats:
+                    local.make_room(now)
+                tats[bucket] = tat + interval
             if over is not None:
                 self._refuse(*over)
             note_rate_limit(True, plan.limits)
             return None
         matched = plan.limits
-        requests = [(bucket if bucket is not None else limit.bucket(principal, method, name, backend), limit.interval,
-                     limit.burst) for limit, bucket in plan.draws]
+        requests = [(bucket if bucket is not None else limit.bucket(principal, method, name, backend), interval,
+                     limit.burst) for limit, bucket, interval, _ in plan.draws]
         if time.monotonic() >= self._shared_down_until:
             return self._check_shared(matched, requests)
         local = self.local
