@@ -222,7 +222,7 @@ class RuleSet:
         return found
 
     def verdict(self, plan: Plan, principal: Principal) -> Decision:
-        """The decision of `plan` (from `plan`) for this caller."""
+        """What a target's plan (`plan`) decides for this caller."""
         if isinstance(plan, Decision):  # the same for every caller: decided when planned
             return plan
         candidates = plan
