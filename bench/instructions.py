@@ -12,7 +12,9 @@ instructions per request, start-up and warm-up cancelled out.
         --tree this=. --tree this-json=.:access-log
 
 A tree is a directory holding gateway/ (its own .venv/bin/python when it has one); `:access-log`
-turns `observability: {log_format: json, access_log: true}` on (lines to a temporary file).
+turns `observability: {log_format: json, access_log: true}` on (lines to a temporary file);
+`:governance` configures bench/run.py governance-call's 20 rules and 3 memory rate limits
+(issue 19's budget: `--tree plain=. --tree governed=.:governance`).
 No bench lock is taken: instruction counts are not disturbed by other processes. Needs valgrind
 (Debian's package). Instructions are not time: bench/README.md "Observability" says how the
 counts relate to µs on this machine.
@@ -36,7 +38,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 
 
-def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
+def _inner(tree: str, requests: int, access_log: bool, port: int, governance: bool = False) -> None:
     """Runs under valgrind: the tree's gateway app, warmed, then `requests` calls."""
     sys.path[:0] = [tree]
     sys.path.append(str(BENCH))
@@ -50,6 +52,13 @@ def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
         sink = tempfile.NamedTemporaryFile(prefix="instructions-access-", suffix=".log", delete=False)
         os.dup2(sink.fileno(), 1)
         extra["observability"] = {"access_log": True, "log_format": "json"}
+    if governance:
+        # bench/run.py governance-call's 20 rules and 3 memory rate limits (this bench's copy
+        # of run.py, so every tree is counted with the same rules).
+        import yaml
+        from run import governance_yaml
+
+        extra.update({k: v for k, v in yaml.safe_load(governance_yaml("memory")).items() if k != "cache"})
     backend = {"name": "bench", "url": f"http://127.0.0.1:{port}/mcp", "era": "modern", "prefix": "",
                "timeout_seconds": 120, "list_timeout_seconds": 120}
     # Under valgrind everything is ~40x slower: no active health checks or ejections to time
@@ -112,9 +121,10 @@ def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
     uvloop.run(main())
 
 
-def _count(python: str, tree: str, requests: int, access_log: bool, port: int) -> int:
+def _count(python: str, tree: str, requests: int, option: str, port: int) -> int:
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, __file__, "--inner", tree,
-            "--requests", str(requests), "--port", str(port)] + (["--access-log"] if access_log else [])
+            "--requests", str(requests), "--port", str(port)] + (["--access-log"] if option == "access-log" else []) \
+        + (["--governance"] if option == "governance" else [])
     done = subprocess.run(argv, capture_output=True, text=True, cwd=tree)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or found is None:
@@ -131,9 +141,10 @@ def main() -> int:
     p.add_argument("--requests", type=int, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--access-log", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--governance", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
-        _inner(args.inner, args.requests, args.access_log, args.port)
+        _inner(args.inner, args.requests, args.access_log, args.port, args.governance)
         return 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -155,11 +166,11 @@ def main() -> int:
             python = str(Path(tree) / ".venv/bin/python")
             if not os.path.exists(python):
                 python = sys.executable
-            small = _count(python, tree, args.small, option == "access-log", port)
-            large = _count(python, tree, args.large, option == "access-log", port)
+            small = _count(python, tree, args.small, option, port)
+            large = _count(python, tree, args.large, option, port)
             per_request = (large - small) / ((args.large // 32 - args.small // 32) * 32)
-            print(f"{name}: {per_request:,.0f} instructions per request ({tree}{' + JSON access log' if option else ''})",
-                  flush=True)
+            extra = {"access-log": " + JSON access log", "governance": " + 20 rules, 3 memory rate limits"}
+            print(f"{name}: {per_request:,.0f} instructions per request ({tree}{extra.get(option, '')})", flush=True)
     finally:
         backend.kill()
         backend.wait(timeout=5)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -26,8 +27,8 @@ from gateway.deadlines import within
 from gateway.observability import tracing
 from gateway.observability.backend_call import BackendCall
 from gateway.observability.record import CURRENT, RequestRecord, note_authorization
-from gateway.policies.authorization import DECIDED_METHODS, USE_OF_LIST, RuleSet, call_target
-from gateway.policies.ratelimit import RateLimits
+from gateway.policies.authorization import DECIDED_METHODS, USE_OF_LIST, Plan, RuleSet, call_target
+from gateway.policies.ratelimit import LimitPlan, RateLimits
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
 from gateway.protocol.request import Call, check_param_headers
@@ -98,6 +99,25 @@ class Budget:
             request_id=self.call.id)
 
 
+# Methods whose target the route table learns at run time (a URI's owner: from lists) or only
+# the body names (a completion's ref): governed from a plan worked out per request.
+_TARGET_FROM_URI_OR_BODY = frozenset({"resources/read", "completion/complete"})
+# (method, name) pairs whose governance plan a dispatcher keeps; past it the memo starts over.
+_GOVERNANCE_PLANS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _GovernancePlan:
+    """What governs one target whoever calls it (`Dispatcher._governance_plan`): what a request
+    still does is check the plans' caller-dependent parts against its principal."""
+
+    target: str | None          # the tool or prompt name, or the resource URI
+    backend: str | None         # the backend the whole fleet gives it
+    rules: Plan | None          # the global rules' plan; None: no rule decides this method
+    view_rules: Plan | None     # the view's own rules' plan; None: no view rules, or not in the view
+    limits: LimitPlan | None    # the rate limits' plan; None: no rate limits configured
+
+
 class Dispatcher:
     def __init__(self, table: RouteTable, *, cache: ResponseCache | None = None, hub: Hub | None = None,
                  instructions: str | None = None, rules: RuleSet | None = None,
@@ -114,6 +134,7 @@ class Dispatcher:
         self.view_rules = view.rules if view is not None else None
         self.rate_limits = rate_limits
         self._governed = rules is not None or rate_limits is not None or self.view_rules is not None
+        self._governance_plans: dict[tuple[str, str | None], _GovernancePlan] = {}
         # Lists are cut per caller (`_visible_result`), listens filtered (`_visible_listen`).
         self._cuts = rules is not None or view is not None
         self._cut_tag = (view.path if view is not None else "", rules.fingerprint if rules is not None else "",
@@ -205,25 +226,53 @@ class Dispatcher:
         """Authorization rules, then rate limits; raises the refusal (403, 429). Synchronous
         unless a shared (Redis) limiter must be asked: then the awaitable that asks it."""
         method = call.method
-        name, uri = call_target(method, call.params, call.name) if method in DECIDED_METHODS else (None, None)
-        # The global rules see the backend the whole fleet gives a name, as on the main path.
-        kind = "tools" if method == "tools/call" else "prompts"
-        backend = self._backend_of(name, uri, kind, whole_fleet=True)
-        if self.rules is not None and method in DECIDED_METHODS:
-            decision = self.rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
+        if method in _TARGET_FROM_URI_OR_BODY:
+            plan = self._governance_plan(method, *call_target(method, call.params, call.name))
+        else:
+            # A tool or prompt name (or none): what governs it is fixed for this snapshot's
+            # table and rules, so it is worked out once per (method, name), not per request.
+            key = (method, call.name)
+            plan = self._governance_plans.get(key)
+            if plan is None:
+                plan = self._governance_plan(method, call.name, None)
+                if len(self._governance_plans) >= _GOVERNANCE_PLANS:
+                    self._governance_plans.clear()  # names come from clients: a bound, not a leak
+                self._governance_plans[key] = plan
+        principal = call.principal
+        if plan.rules is not None:
+            assert self.rules is not None
+            decision = self.rules.verdict(plan.rules, principal)
             note_authorization(decision.allowed, decision.rule)
             if not decision.allowed:
-                raise self.rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
-        view_rules = self.view_rules
-        if view_rules is not None and method in DECIDED_METHODS and self._in_view(name, uri, backend):
+                raise self.rules.refusal(decision, method, plan.target).with_id(call.id)
+        if plan.view_rules is not None:
+            assert self.view_rules is not None
+            decision = self.view_rules.verdict(plan.view_rules, principal)
+            if not decision.allowed:
+                raise self.view_rules.refusal(decision, method, plan.target).with_id(call.id)
+        if plan.limits is not None:
+            assert self.rate_limits is not None
+            return self.rate_limits.check_plan(plan.limits, principal, method, plan.target, plan.backend)
+        return None
+
+    def _governance_plan(self, method: str, name: str | None, uri: str | None) -> _GovernancePlan:
+        """What the rules and limits need to know of a target, whoever calls: its backend (as
+        the whole fleet names it: the global rules see the main path's backend), the rules'
+        plans, the limits' plan."""
+        decided = method in DECIDED_METHODS
+        if not decided:
+            name = uri = None
+        kind = "tools" if method == "tools/call" else "prompts"
+        backend = self._backend_of(name, uri, kind, whole_fleet=True)
+        rules = self.rules.plan(method, name, uri, backend) if self.rules is not None and decided else None
+        view_rules = None
+        if self.view_rules is not None and decided and self._in_view(name, uri, backend):
             # A name outside the view is not refused here: it is unknown (-32602), answered
             # by the handler exactly like a name curation hides.
-            decision = view_rules.decide(call.principal, method, name=name, uri=uri, backend=backend)
-            if not decision.allowed:
-                raise view_rules.refusal(decision, method, name if name is not None else uri).with_id(call.id)
-        if self.rate_limits is not None:
-            return self.rate_limits.check(call.principal, method, name if name is not None else uri, backend)
-        return None
+            view_rules = self.view_rules.plan(method, name, uri, backend)
+        target = name if name is not None else uri
+        limits = self.rate_limits.plan(method, target, backend) if self.rate_limits is not None else None
+        return _GovernancePlan(target, backend, rules, view_rules, limits)
 
     async def _visible_listen(self, call: Call) -> Reply:
         """A listen that carries only what this caller may see: subscriptions to URIs it may

@@ -13,8 +13,9 @@ is allowed), so a rule about `tools/list` reads as one about the tools it lists.
 The settings are compiled once into an immutable `RuleSet`: globs become one regular
 expression per rule (fnmatch.translate), methods and backends frozensets. Which rules can
 apply to a (method, name, backend) does not depend on the caller, so that part is memoized
-per target (bounded); a request then only checks the `when` of those few rules against its
-principal.
+per target (bounded) as the target's `Plan`: the decision itself when it is the same for
+every caller (no rule targets it, or the first that does has no `when`), else the few rules
+whose `when` a request then checks against its principal.
 
 Where it runs: the `Authorization` head policy decides from `Mcp-Method` / `Mcp-Name` before
 the body is read, wherever the request's headers say enough (a modern POST to an MCP path; the
@@ -63,8 +64,8 @@ LIST_OF_USE: dict[str, tuple[str, ...]] = {
     "tools/call": ("tools/list",), "prompts/get": ("prompts/list",),
     "resources/read": ("resources/list", "resources/templates/list"),
 }
-# Mcp-Method values the head phase decides (a padded header is left to the dispatcher).
-_DECIDED_HEADERS = {m.encode(): m for m in ("tools/call", "prompts/get", "resources/read")}
+# Mcp-Method values the head phase decides.
+_DECIDED_HEADERS = frozenset({"tools/call", "prompts/get", "resources/read"})
 _NAMED_OR_LISTED = NAMED_METHODS | {"tools/list", "prompts/list"}
 _URI_OR_LISTED = URI_METHODS | {"resources/list", "resources/templates/list"}
 # Targets whose candidate rules are remembered; past it the memo starts over (names come from
@@ -161,6 +162,10 @@ def _compile_rule(index: int, rule: AuthorizationRule) -> Rule:
     )
 
 
+# What decides the requests for one target, whoever sends them (`RuleSet.plan`).
+Plan = Decision | tuple[Rule, ...]
+
+
 class RuleSet:
     """The compiled `authorization` section. Immutable but for its per-target memo."""
 
@@ -172,7 +177,7 @@ class RuleSet:
         self.default = Decision(default_allow, "default")
         # Changes whenever the rules do: part of every cache key of a filtered answer.
         self.fingerprint = fingerprint
-        self._memo: dict[tuple[str, str | None, str | None, str | None], tuple[Rule, ...]] = {}
+        self._memo: dict[tuple[str, str | None, str | None, str | None], Plan] = {}
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RuleSet | None:
@@ -193,21 +198,34 @@ class RuleSet:
                    metadata_url=metadata_url(settings.auth) if settings.auth.mode == "jwt" else None)
 
     def candidates(self, method: str, name: str | None, uri: str | None, backend: str | None) -> tuple[Rule, ...]:
+        """The rules about this target, in order (whoever the caller)."""
+        return tuple(r for r in self.rules if r.targets(method, name, uri, backend))
+
+    def plan(self, method: str, name: str | None, uri: str | None, backend: str | None) -> Plan:
+        """What decides this target: the `Decision` when it does not depend on the caller (no
+        rule is about the target: the default; the first one about it has no `when`: that
+        rule), else the candidate rules for `verdict` to check. Memoized (bounded: names come
+        from clients); the rules never change while the process runs."""
         key = (method, name, uri, backend)
         found = self._memo.get(key)
         if found is None:
-            found = tuple(r for r in self.rules if r.targets(method, name, uri, backend))
+            candidates = self.candidates(method, name, uri, backend)
+            if not candidates:
+                found = self.default
+            elif candidates[0].unconditional:
+                found = candidates[0].decision
+            else:
+                found = candidates
             if len(self._memo) >= _MEMO_ENTRIES:
                 self._memo.clear()
             self._memo[key] = found
         return found
 
-    def decide(self, principal: Principal, method: str, *, name: str | None = None, uri: str | None = None,
-               backend: str | None = None) -> Decision:
-        key = (method, name, uri, backend)
-        candidates = self._memo.get(key)
-        if candidates is None:
-            candidates = self.candidates(method, name, uri, backend)
+    def verdict(self, plan: Plan, principal: Principal) -> Decision:
+        """What a target's plan (`plan`) decides for this caller."""
+        if isinstance(plan, Decision):  # the same for every caller: decided when planned
+            return plan
+        candidates = plan
         for rule in candidates:
             if rule.unconditional or rule.holds(principal):
                 return rule.decision
@@ -219,6 +237,10 @@ class RuleSet:
             if rule.allow and rule.scopes and rule.holds_but_scopes(principal):
                 return Decision(False, "default", tuple(sorted(rule.scopes - principal.scopes)))
         return self.default
+
+    def decide(self, principal: Principal, method: str, *, name: str | None = None, uri: str | None = None,
+               backend: str | None = None) -> Decision:
+        return self.verdict(self.plan(method, name, uri, backend), principal)
 
     def allows(self, principal: Principal, method: str, *, name: str | None = None, uri: str | None = None,
                backend: str | None = None) -> bool:
@@ -297,59 +319,50 @@ class Authorization(HeadPolicy):
         # dispatcher rather than guess.
         self.uri_backends_matter = any(r.uris is not None and r.backends is not None for r in rules.rules) \
             if uri_backends_matter is None else uri_backends_matter
-        self._targets: dict[tuple[bytes, bytes, bytes], tuple[str, str, str | None] | None] = {}
+        self._targets: dict[tuple[str | None, str | None, str | None], tuple[str, str, Plan] | None] = {}
 
     def admit(self, scope: asgi.Scope) -> rpc.McpError | None:
         if scope["method"] != "POST" or scope["path"] not in self.mcp_paths:
             return None
-        raw_method = raw_name = version = None
-        for key, value in scope["headers"]:  # one pass: three headers
-            if key == b"mcp-method":
-                raw_method = value
-            elif key == b"mcp-name":
-                raw_name = value
-            elif key == b"mcp-protocol-version":
-                version = value
-        if raw_method is None or raw_name is None or version is None:
-            return None
-        key = (raw_method, raw_name, version)
+        # The header values the body phase holds the body to (`asgi.request_headers`: trimmed,
+        # repeated field lines combined; `parse_call`, spec: SHTTP Server Validation), so what
+        # is decided here is what the body must then name. Decoded once per request already.
+        headers = asgi.request_headers(scope)
+        key = (headers.get(h.METHOD), headers.get(h.NAME), headers.get(h.PROTOCOL_VERSION))
         found = self._targets.get(key, _UNSEEN)
         if found is _UNSEEN:
-            found = self._target(raw_method, raw_name, version)
+            found = self._target(*key)
             if len(self._targets) >= _MEMO_ENTRIES:
                 self._targets.clear()
             self._targets[key] = found
         if found is None:
             return None
-        method, target, backend = found
-        if method == "resources/read":
-            decision = self.rules.decide(principal_of(scope), method, uri=target, backend=backend)
-        else:
-            decision = self.rules.decide(principal_of(scope), method, name=target, backend=backend)
+        method, target, plan = found
+        # A plan that is a Decision was decided for every caller: the principal is not read.
+        decision = plan if isinstance(plan, Decision) else self.rules.verdict(plan, principal_of(scope))
         if decision.allowed:
             return None  # the dispatcher decides again from the body, and notes it
         note_authorization(False, decision.rule)
         return self.rules.refusal(decision, method, target)
 
-    def _target(self, raw_method: bytes, raw_name: bytes, version: bytes) -> tuple[str, str, str | None] | None:
-        """(method, name or URI, its backend) the headers say the request is about; None when
-        they do not suffice (the dispatcher decides). Caller-independent: memoized per header
-        triple in `admit` (bounded: the values come from clients)."""
-        method = _DECIDED_HEADERS.get(raw_method)
-        if method is None:
+    def _target(self, method: str | None, name: str | None, version: str | None) -> tuple[str, str, Plan] | None:
+        """(method, name or URI, the rules' plan for it) the headers say the request is about;
+        None when they do not suffice (the dispatcher decides). Caller-independent: memoized
+        per header triple in `admit` (bounded: the values come from clients)."""
+        if method not in _DECIDED_HEADERS or name is None or version is None:
             return None  # completion refs are in the body; lists are filtered, not refused
-        if not is_modern(version.decode("latin-1").strip()):
+        if not is_modern(version):
             return None
         try:
-            target = h.decode_value(raw_name.decode("latin-1").strip())
+            target = h.decode_value(name)
         except h.HeaderValueError:
             return None  # the body phase answers a malformed header with its own 400
         if method == "resources/read":
             backend = self.resolver.uri(target)
             if backend is None and self.uri_backends_matter:
                 return None
-            return method, target, backend
-        return method, target, self.resolver.name(target)
+            return method, target, self.rules.plan(method, None, target, backend)
+        return method, target, self.rules.plan(method, target, None, self.resolver.name(target))
 
 
 # -- check-config --------------------------------------------------------------------------

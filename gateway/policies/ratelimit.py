@@ -45,7 +45,7 @@ from prometheus_client import Counter
 from gateway.observability.record import note_rate_limit
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.methods import METHODS
-from gateway.protocol.principal import Principal
+from gateway.protocol.principal import ANONYMOUS, Principal
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings, RateLimit
@@ -86,6 +86,12 @@ class Limit:
     methods: frozenset[str] | None
     names: re.Pattern[str] | None
     backends: frozenset[str] | None
+
+    @property
+    def reads_caller(self) -> bool:
+        """Whether the bucket depends on who calls (the principal, a claim), not only on the
+        request's target."""
+        return any(part == "principal" or part.startswith("claim:") for part in self.key)
 
     def applies(self, method: str, name: str | None, backend: str | None) -> bool:
         if self.methods is not None and method not in self.methods:
@@ -138,12 +144,26 @@ def compile_limit(index: int, limit: RateLimit) -> Limit:
 _SLACK_SECONDS = 1e-9
 
 
+@dataclass(frozen=True, slots=True)
+class LimitPlan:
+    """The limits one target (method, name, backend) meets, worked out once for every caller
+    (`RateLimits.plan`): what a request still does is one GCRA step per limit."""
+
+    # The limits that apply, in configured order (noted on the request's record).
+    limits: tuple[Limit, ...]
+    # Per limit: its bucket when the target alone decides it (a key of name, backend, method:
+    # built once here, not per request; else None: `Limit.bucket` per request), and its GCRA
+    # interval and tolerance ((burst - 1) × interval), for the in-memory step.
+    draws: tuple[tuple[Limit, tuple[Any, ...] | None, float, float], ...]
+
+
 class LocalBuckets:
     """GCRA buckets in this process: bucket → theoretical arrival time (monotonic seconds)."""
 
     def __init__(self, max_buckets: int = _MAX_LOCAL_BUCKETS, clock: Any = time.monotonic) -> None:
-        self._tat: dict[Any, float] = {}
-        self._max = max_buckets
+        # Read and written by `take`, and by `RateLimits.check_plan`'s copy of its step.
+        self.tats: dict[Any, float] = {}
+        self.max_buckets = max_buckets
         self._clock = clock
 
     def now(self) -> float:
@@ -153,7 +173,7 @@ class LocalBuckets:
         """Take one request from `bucket`: 0 if it may pass, else the seconds to wait."""
         if now is None:
             now = self._clock()
-        tat = self._tat.get(bucket, now)
+        tat = self.tats.get(bucket, now)
         if tat < now:
             tat = now
         # Compared with a nanosecond of slack: in floats, `tat + interval - burst * interval
@@ -162,20 +182,21 @@ class LocalBuckets:
         wait = (tat - now) - (burst - 1) * interval
         if wait > _SLACK_SECONDS:
             return wait
-        if bucket not in self._tat and len(self._tat) >= self._max:
-            self._evict(now)
-        self._tat[bucket] = tat + interval
+        if len(self.tats) >= self.max_buckets and bucket not in self.tats:
+            self.make_room(now)
+        self.tats[bucket] = tat + interval
         return 0.0
 
-    def _evict(self, now: float) -> None:
-        paid = [b for b, t in self._tat.items() if t <= now]
+    def make_room(self, now: float) -> None:
+        """Below the bound again: buckets whose debt is paid go first, then the oldest."""
+        paid = [b for b, t in self.tats.items() if t <= now]
         for b in paid:
-            del self._tat[b]
-        while len(self._tat) >= self._max:
-            del self._tat[next(iter(self._tat))]
+            del self.tats[b]
+        while len(self.tats) >= self.max_buckets:
+            del self.tats[next(iter(self.tats))]
 
     def __len__(self) -> int:
-        return len(self._tat)
+        return len(self.tats)
 
 
 class SharedBuckets(Protocol):
@@ -287,13 +308,13 @@ class RateLimits:
         for limit in limits:  # each limit's series exists before its first refusal (rate())
             RATE_LIMITED.labels(limit.label)
         self.shared = shared
-        self.local = local or LocalBuckets()
+        self.local = local if local is not None else LocalBuckets()  # an empty one is falsy (__len__)
         self.retry_seconds = retry_seconds
         self._shared_down_until = float("-inf")
         self._warned_at = float("-inf")
-        # (method, name, backend) → the limits that apply: caller-independent, memoized
-        # (bounded: names come from clients).
-        self._memo: dict[tuple[str, str | None, str | None], tuple[Limit, ...]] = {}
+        # (method, name, backend) → its `LimitPlan`: caller-independent, memoized (bounded:
+        # names come from clients).
+        self._memo: dict[tuple[str, str | None, str | None], LimitPlan] = {}
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RateLimits | None:
@@ -315,10 +336,18 @@ class RateLimits:
         return cls(limits, shared=shared, retry_seconds=cache.redis_retry_seconds)
 
     def matching(self, method: str, name: str | None, backend: str | None) -> tuple[Limit, ...]:
+        return self.plan(method, name, backend).limits
+
+    def plan(self, method: str, name: str | None, backend: str | None) -> LimitPlan:
+        """The limits this target meets and, where the target alone decides it, each one's
+        bucket. Memoized: the limits never change while the process runs."""
         key = (method, name, backend)
         found = self._memo.get(key)
         if found is None:
-            found = tuple(limit for limit in self.limits if limit.applies(method, name, backend))
+            limits = tuple(limit for limit in self.limits if limit.applies(method, name, backend))
+            draws = tuple((limit, None if limit.reads_caller else limit.bucket(ANONYMOUS, method, name, backend),
+                           limit.interval, (limit.burst - 1) * limit.interval) for limit in limits)
+            found = LimitPlan(limits, draws)
             if len(self._memo) >= _MEMO_ENTRIES:
                 self._memo.clear()
             self._memo[key] = found
@@ -328,25 +357,45 @@ class RateLimits:
               backend: str | None) -> Awaitable[None] | None:
         """Raise the 429 refusal when the request is over any limit it meets. Decided at
         once (None) from the local buckets; a coroutine to await when Redis decides."""
-        matched = self.matching(method, name, backend)
-        if not matched:
+        return self.check_plan(self.plan(method, name, backend), principal, method, name, backend)
+
+    def check_plan(self, plan: LimitPlan, principal: Principal, method: str, name: str | None,
+                   backend: str | None) -> Awaitable[None] | None:
+        """`check`, with the target's plan (`plan(method, name, backend)`) already at hand."""
+        if not plan.limits:
             return None
         if self.shared is None:
-            # In memory: one GCRA step per limit, no intermediate lists (the pass-through budget:
-            # bench/README.md "Governance"). Every bucket with room is charged, then the first
-            # one over refuses, as with Redis.
+            # In memory: every bucket with room is charged, then the first one over refuses, as
+            # with Redis. This is the pass-through budget's path (bench/README.md "The governance
+            # budget, counted"), so `LocalBuckets.take`'s GCRA step is written out here, with the
+            # plan's interval and tolerance: a method call per limit was a quarter of what the
+            # limits cost. Same arithmetic, slack and bound as `take`; a hypothesis test holds
+            # the two together (tests/unit/test_policies_ratelimit.py).
             local = self.local
+            tats = local.tats
             now = local.now()
             over = None
-            for limit in matched:
-                wait = local.take(limit.bucket(principal, method, name, backend), limit.interval, limit.burst, now)
-                if wait and over is None:
-                    over = (limit, wait)
+            for limit, bucket, interval, tolerance in plan.draws:
+                if bucket is None:
+                    bucket = limit.bucket(principal, method, name, backend)
+                tat = tats.get(bucket, now)
+                if tat < now:
+                    tat = now
+                wait = (tat - now) - tolerance
+                if wait > _SLACK_SECONDS:
+                    if over is None:
+                        over = (limit, wait)
+                    continue
+                if len(tats) >= local.max_buckets and bucket not in tats:
+                    local.make_room(now)
+                tats[bucket] = tat + interval
             if over is not None:
                 self._refuse(*over)
-            note_rate_limit(True, matched)
+            note_rate_limit(True, plan.limits)
             return None
-        requests = [(limit.bucket(principal, method, name, backend), limit.interval, limit.burst) for limit in matched]
+        matched = plan.limits
+        requests = [(bucket if bucket is not None else limit.bucket(principal, method, name, backend), interval,
+                     limit.burst) for limit, bucket, interval, _ in plan.draws]
         if time.monotonic() >= self._shared_down_until:
             return self._check_shared(matched, requests)
         local = self.local

@@ -98,6 +98,23 @@ async def test_a_header_that_lies_about_the_name_is_caught_by_the_body(gw, issue
     assert response.json()["error"]["code"] == -32020
 
 
+async def test_repeated_name_headers_never_reach_a_denied_tool(gw, issuer, ledger):
+    """Two Mcp-Name lines (an allowed name and a denied one, either order), whichever name the
+    body carries: refused, and the denied backend is never called. The header phase decides
+    on the lines combined, the value the body is then held to (SHTTP §Server Validation)."""
+    engineer = issuer.token("eric", groups=["engineering"])
+    before = len(await ledger.calls("tools/call"))
+    async with httpx.AsyncClient() as http:
+        for lines in (["reports__echo", "ledger__echo"], ["ledger__echo", "reports__echo"]):
+            for body_name in (*lines, ", ".join(lines)):
+                body = mcp_http.body("tools/call", {"name": body_name, "arguments": {"text": "x"}})
+                headers = [*mcp_http.headers("tools/call").items(), *(("mcp-name", n) for n in lines),
+                           *bearer(engineer).items()]
+                response = await http.post(gw.url, content=orjson.dumps(body), headers=headers)
+                assert response.status_code in (400, 403), (lines, body_name, response.text)
+    assert len(await ledger.calls("tools/call")) == before
+
+
 async def test_resources_are_decided_by_uri(ledger, reports, jwks_url, issuer):
     rules = {"default": "allow", "rules": [
         {"id": "private-docs", "effect": "deny", "uris": ["scripted://ledger/doc-*"],

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.policies.authorization import RuleSet, glob_literal_prefix
+from gateway import asgi
+from gateway.policies.authorization import Authorization, PrefixResolver, RuleSet, glob_literal_prefix
 from gateway.protocol.principal import Principal
 from gateway.settings import ConfigError, load_settings
 
@@ -165,3 +166,62 @@ def test_fuzz_the_compiled_rules_agree_with_a_plain_reading(rules, default, prin
             continue
         assert rs.allows(principal, "tools/call", name=name, backend=backend) == \
             plain_reading(rules, default, principal, name), (rules, name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rules=st.lists(rule_strategy, max_size=6), default=st.sampled_from(["allow", "deny"]),
+       principals=st.lists(principal_strategy, min_size=2, max_size=5))
+def test_fuzz_a_plan_made_for_one_caller_decides_for_every_other(rules, default, principals):
+    """A target's plan is worked out once (memoized) and then decides for every caller: when
+    it is a fixed Decision, no caller may be decided otherwise than the rules say."""
+    rs = rules_of({"default": default, "rules": rules}, auth=jwt_auth())
+    if rs is None:
+        return
+    for principal in principals:
+        for name in NAMES:
+            backend = name.split("__")[0]
+            plan = rs.plan("tools/call", name, None, backend)
+            assert rs.plan("tools/call", name, None, backend) is plan  # memoized
+            assert rs.verdict(plan, principal).allowed == plain_reading(rules, default, principal, name), \
+                (rules, name, principal)
+
+
+def test_a_plan_is_the_decision_itself_when_no_caller_can_change_it():
+    rs = rules_of({"default": "deny", "rules": [
+        {"effect": "allow", "names": ["ledger__get_*"], "when": {"claims": {"groups": "finance"}}},
+        {"effect": "allow", "names": ["ledger__*"]},
+    ]}, auth=jwt_auth())
+    fixed = rs.plan("tools/call", "ledger__list", None, "ledger")  # only the unconditional rule
+    assert fixed == rs.decide(who(), "tools/call", name="ledger__list", backend="ledger")
+    assert fixed.rule == "rules.1"
+    assert rs.plan("tools/call", "github__x", None, "github") is rs.default  # no rule about it
+    # The first rule about it reads the caller: the rules are checked per request.
+    assert [r.label for r in rs.plan("tools/call", "ledger__get_a", None, "ledger")] == ["rules.0", "rules.1"]
+    assert rs.decide(who("finance"), "tools/call", name="ledger__get_a").rule == "rules.0"
+    assert rs.decide(who("eng"), "tools/call", name="ledger__get_a").rule == "rules.1"
+
+
+def head_scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
+    return {"type": "http", "method": "POST", "path": "/mcp", "headers": [
+        (b"mcp-protocol-version", b"2026-07-28"), *headers]}
+
+
+def test_the_head_phase_decides_on_the_header_values_the_body_is_held_to():
+    """The header phase reads the values `parse_call` compares with the body (trimmed, repeated
+    lines combined: asgi.request_headers), so it never decides on another name than the one
+    the body must then carry (spec: SHTTP Server Validation)."""
+    config = load_settings(None, backends=[{"name": "ledger", "url": "http://127.0.0.1:1/mcp", "prefix": "ledger__"}],
+                           authorization={"default": "allow", "rules": [{"effect": "deny", "names": ["*__delete_*"]}]})
+    head = Authorization(None, rules=RuleSet.from_settings(config), resolver=PrefixResolver(config),  # type: ignore[arg-type]
+                         mcp_paths=["/mcp"])
+    padded = head_scope((b"mcp-method", b" tools/call"), (b"mcp-name", b"ledger__delete_x\t"))
+    refused = head.admit(padded)
+    assert refused is not None and refused.status == 403 and refused.data["name"] == "ledger__delete_x"
+    assert head.admit(head_scope((b"mcp-method", b"tools/call"), (b"mcp-name", b"ledger__get"))) is None
+    # Two Mcp-Name lines: decided on what the body would have to equal, not on either line.
+    for lines in ((b"ledger__get", b"ledger__delete_x"), (b"ledger__delete_x", b"ledger__get")):
+        scope = head_scope((b"mcp-method", b"tools/call"), *((b"mcp-name", line) for line in lines))
+        refused = head.admit(scope)
+        assert refused is not None and refused.data["name"] == asgi.request_headers(scope)["mcp-name"]
+        assert refused.data["name"] == b", ".join(lines).decode()
+    assert head.admit(head_scope((b"mcp-method", b"tools/list"))) is None  # lists are cut, not refused

@@ -4,9 +4,12 @@ and keys, the 429 refusal, the fallback when Redis fails, and check-config's ref
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.policies.ratelimit import (
     RATE_LIMIT_FALLBACKS,
@@ -17,7 +20,7 @@ from gateway.policies.ratelimit import (
     parse_rate,
 )
 from gateway.protocol import jsonrpc as rpc
-from gateway.protocol.principal import Principal
+from gateway.protocol.principal import ANONYMOUS, Principal
 from gateway.settings import ConfigError, RateLimit, load_settings
 from tests.support.clock import ManualClock
 
@@ -89,6 +92,80 @@ def test_matching_by_method_name_and_backend_and_keys():
     from gateway.policies.ratelimit import bucket_hash
 
     assert "alice" not in bucket_hash(by_name.bucket(ALICE, "tools/call", "ledger__x", "ledger"))
+
+
+KEY_PARTS = ["principal", "name", "backend", "method", "claim:tenant"]
+TARGETS = [("tools/call", "ledger__x", "ledger"), ("tools/call", "github__y", "github"), ("prompts/get", "p", None),
+           ("tools/list", None, None), ("resources/read", "file:///a", "ledger")]
+CALLERS = [ALICE, BOB, ANONYMOUS, Principal("carol", "https://idp.test", authenticated=True,
+                                            claims={"tenant": ["other", "acme"]})]
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.lists(st.sampled_from(KEY_PARTS), min_size=1, max_size=3, unique=True), min_size=1,
+                     max_size=3))
+def test_fuzz_a_planned_bucket_is_the_one_every_caller_draws_from(keys):
+    """A target's plan builds the buckets that read nothing of the caller once: they must be
+    the very buckets `Limit.bucket` names for every caller (and so the same Redis keys)."""
+    limits = RateLimits(tuple(compile_limit(i, RateLimit(rate="5/s", key=key)) for i, key in enumerate(keys)))
+    for method, name, backend in TARGETS:
+        plan = limits.plan(method, name, backend)
+        assert plan.limits == tuple(limit for limit, *_ in plan.draws) == limits.limits
+        for principal in CALLERS:
+            for limit, bucket, *_ in plan.draws:
+                expected = limit.bucket(principal, method, name, backend)
+                assert bucket is None or bucket == expected, (limit.key, principal)
+                assert (bucket is None) == any(p == "principal" or p.startswith("claim:") for p in limit.key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(configured=st.lists(st.tuples(st.sampled_from(["1/s", "3/s", "2/m", "10/h"]), st.integers(1, 3),
+                                     st.lists(st.sampled_from(KEY_PARTS), min_size=1, max_size=2, unique=True)),
+                           min_size=1, max_size=3),
+       steps=st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.1, 0.35, 1.0, 30.0]), st.sampled_from(CALLERS),
+                                st.sampled_from(TARGETS)), max_size=40),
+       bound=st.sampled_from([2, 5, 100_000]))
+def test_fuzz_the_in_memory_step_decides_what_local_buckets_take_decides(configured, steps, bound):
+    """`check_plan` writes the GCRA step out for the in-memory path; whatever the limits, callers
+    and timing, it refuses exactly when one `LocalBuckets.take` per limit would (the same limit,
+    the same wait) and leaves the same buckets behind, eviction under a small bound included."""
+    clock = ManualClock(1000)
+    compiled = tuple(compile_limit(i, RateLimit(rate=rate, burst=burst, key=key))
+                     for i, (rate, burst, key) in enumerate(configured))
+    fast = RateLimits(compiled, local=LocalBuckets(max_buckets=bound, clock=clock))
+    reference = LocalBuckets(max_buckets=bound, clock=clock)
+    for advance, principal, (method, name, backend) in steps:
+        clock.now += advance
+        expected = None
+        for limit in fast.matching(method, name, backend):  # the loop as it was before the plan
+            wait = reference.take(limit.bucket(principal, method, name, backend), limit.interval, limit.burst)
+            if wait and expected is None:
+                expected = (limit.label, max(1, math.ceil(wait * 1000)))
+        try:
+            fast.check(principal, method, name, backend)
+            got = None
+        except rpc.McpError as refused:
+            got = (refused.data["limit"], refused.data["retryAfterMs"])
+        assert got == expected
+    assert fast.local.tats == reference.tats
+
+
+def test_a_bucket_planned_once_is_shared_by_callers_only_when_its_key_says_so():
+    clock = ManualClock(0)
+    limits = RateLimits((compile_limit(0, RateLimit(rate="1/s", burst=1, id="per-backend", key=["backend"])),
+                         compile_limit(1, RateLimit(rate="1/m", burst=1, id="per-caller", key=["principal", "name"]))),
+                        local=LocalBuckets(clock=clock))
+    assert limits.check(ALICE, "tools/call", "ledger__x", "ledger") is None
+    with pytest.raises(rpc.McpError) as refused:  # Bob draws from the same backend bucket
+        limits.check(BOB, "tools/call", "ledger__y", "ledger")
+    assert refused.value.data["limit"] == "per-backend"
+    assert limits.check(BOB, "tools/call", "github__x", "github") is None
+    clock.now = 1.0
+    with pytest.raises(rpc.McpError) as refused:  # Bob's own bucket for ledger__y was charged above
+        limits.check(BOB, "tools/call", "ledger__y", "ledger")
+    assert refused.value.data["limit"] == "per-caller"
+    clock.now = 2.0
+    assert limits.check(ALICE, "tools/call", "ledger__y", "ledger") is None  # Alice's is her own
 
 
 async def test_over_the_limit_is_429_naming_the_limit_and_the_wait():
