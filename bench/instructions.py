@@ -26,6 +26,7 @@ import gc
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,10 +41,16 @@ def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
     """Runs under valgrind: the tree's gateway app, warmed, then `requests` calls."""
     sys.path[:0] = [tree]
     sys.path.append(str(BENCH))
-    from inprocess import request  # the same request as bench/inprocess.py
-
+    # The tree's gateway is imported before bench/inprocess.py, which puts *this* bench's tree
+    # first on sys.path when imported: imported first, it made every --tree count this tree.
+    import gateway
     from gateway.app import build_app
     from gateway.settings import GatewaySettings
+
+    from inprocess import request  # the same request as bench/inprocess.py
+
+    if not gateway.__file__.startswith(tree + os.sep):
+        raise SystemExit(f"counted {gateway.__file__}, not the tree {tree}")
 
     extra: dict[str, Any] = {}
     if access_log:
@@ -97,7 +104,12 @@ def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
         await asyncio.wait_for(started.wait(), 120)
         for _ in range(300):
             await one()
+        # No collection inside the counted part: when a collection falls depends on every
+        # allocation before it, so it moved whole-request counts between runs. The warm-up's
+        # objects are frozen out of later collections, as before.
+        gc.collect()
         gc.freeze()
+        gc.disable()
 
         async def caller(n: int) -> None:
             for _ in range(n):
@@ -115,7 +127,10 @@ def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
 def _count(python: str, tree: str, requests: int, access_log: bool, port: int) -> int:
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, __file__, "--inner", tree,
             "--requests", str(requests), "--port", str(port)] + (["--access-log"] if access_log else [])
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=tree)
+    # One hash seed for every run: str hashes (dict and set probing, their collisions) are then
+    # the same in every run and every tree.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tree, env=env)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         raise SystemExit(f"{tree}: valgrind run failed:\n{done.stderr[-3000:]}")
@@ -127,6 +142,9 @@ def main() -> int:
     p.add_argument("--tree", action="append", default=[], help="NAME=DIR[:access-log], repeatable")
     p.add_argument("--small", type=int, default=320)
     p.add_argument("--large", type=int, default=1920)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="count each tree this many times (small and large each time), trees interleaved; "
+                        "the median and the spread are printed")
     p.add_argument("--inner", help=argparse.SUPPRESS)
     p.add_argument("--requests", type=int, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -148,18 +166,25 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.1)
-        for spec in args.tree:
-            name, _, where = spec.partition("=")
-            tree, _, option = where.partition(":")
-            tree = str(Path(tree).resolve())
-            python = str(Path(tree) / ".venv/bin/python")
-            if not os.path.exists(python):
-                python = sys.executable
-            small = _count(python, tree, args.small, option == "access-log", port)
-            large = _count(python, tree, args.large, option == "access-log", port)
-            per_request = (large - small) / ((args.large // 32 - args.small // 32) * 32)
-            print(f"{name}: {per_request:,.0f} instructions per request ({tree}{' + JSON access log' if option else ''})",
-                  flush=True)
+        counts: dict[str, list[float]] = {}
+        for repeat in range(args.repeat):  # trees interleaved: a drift in the machine hits all alike
+            for spec in args.tree:
+                name, _, where = spec.partition("=")
+                tree, _, option = where.partition(":")
+                tree = str(Path(tree).resolve())
+                python = str(Path(tree) / ".venv/bin/python")
+                if not os.path.exists(python):
+                    python = sys.executable
+                small = _count(python, tree, args.small, option == "access-log", port)
+                large = _count(python, tree, args.large, option == "access-log", port)
+                per_request = (large - small) / ((args.large // 32 - args.small // 32) * 32)
+                counts.setdefault(name, []).append(per_request)
+                print(f"{name}: {per_request:,.0f} instructions per request "
+                      f"({tree}{' + JSON access log' if option else ''}; run {repeat + 1})", flush=True)
+        if args.repeat > 1:
+            for name, runs in counts.items():
+                print(f"{name}: median {statistics.median(runs):,.0f} (min {min(runs):,.0f}, max {max(runs):,.0f}, "
+                      f"{len(runs)} runs)", flush=True)
     finally:
         backend.kill()
         backend.wait(timeout=5)
