@@ -47,6 +47,7 @@ def _inner(piece: str, n: int) -> None:
     # A backend call, as dispatch.py `_send` measures it: made, answered at once (not a stream).
     from types import SimpleNamespace
 
+    from gateway import asgi
     from gateway.observability import tracing
     from gateway.observability.backend_call import BackendCall
     from gateway.observability.record import CURRENT
@@ -76,6 +77,7 @@ def _inner(piece: str, n: int) -> None:
 
     def drive(asgi_app: object) -> None:
         request = {"type": "http", "method": "POST", "path": "/mcp", "headers": raw, **scope}
+        asgi.request_headers(request)  # decoded by whichever step asks first: not the telemetry's own
         try:
             asgi_app(request, None, sink).send(None)  # type: ignore[operator]
         except StopIteration:

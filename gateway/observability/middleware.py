@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway import asgi
-from gateway.observability import metrics, otel_metrics, tracing
+from gateway.observability import loop_metrics, metrics, otel_metrics, tracing
 from gateway.observability.logs import AccessLog
 from gateway.observability.record import CURRENT, RequestRecord, request_id_from
 
@@ -39,7 +39,7 @@ class RequestTelemetry:
         self.max_body_bytes = max_body_bytes
         # label tuple → its loop-owned metric children: one dict probe per request instead of
         # several label lookups (every label set is bounded: metrics.py).
-        self._children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
+        self._children: dict[tuple[Any, ...], tuple[loop_metrics.Event, dict[str, Any]]] = {}
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or (
@@ -105,16 +105,14 @@ class RequestTelemetry:
             error = {metrics.OK: "", metrics.OTHER: "_OTHER", metrics.NONE: str(record.status)}.get(code, code)
             version = _version_label(record.version)
             children = self._children[key] = (
-                metrics.requests_child(method, record.era, metrics.status_label(record.status), code),
-                metrics.request_seconds_child(method, record.era),
-                metrics.SERVER_OPERATION.labels(method, error, tool, version, "tcp"),
+                loop_metrics.Event([metrics.requests_child(method, record.era, metrics.status_label(record.status), code)],
+                                   [metrics.request_seconds_child(method, record.era),
+                                    metrics.SERVER_OPERATION.labels(method, error, tool, version, "tcp")]),
                 otel_metrics.attributes(method, error, tool, version, "tcp"),
             )
-        children[0].inc()
-        children[1].observe(seconds)
-        children[2].observe(seconds)
+        children[0].add(seconds)  # the request counter and both duration histograms
         if otel_metrics.server_duration is not None:
-            otel_metrics.server_duration.record(seconds, children[3])
+            otel_metrics.server_duration.record(seconds, children[1])
         if record.era == "legacy" and record.translation is None:
             record.translation = "legacy-client"
         trace_id = None
