@@ -37,7 +37,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 
 
-def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
+def _inner(tree: str, requests: int, access_log: bool, port: int, callers: int) -> None:
     """Runs under valgrind: the tree's gateway app, warmed, then `requests` calls."""
     sys.path[:0] = [tree]
     sys.path.append(str(BENCH))
@@ -115,7 +115,7 @@ def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
             for _ in range(n):
                 await one()
 
-        await asyncio.gather(*(caller(requests // 32) for _ in range(32)))
+        await asyncio.gather(*(caller(requests // callers) for _ in range(callers)))
         await lifespan.put({"type": "lifespan.shutdown"})
         await task
 
@@ -124,9 +124,10 @@ def _inner(tree: str, requests: int, access_log: bool, port: int) -> None:
     uvloop.run(main())
 
 
-def _count(python: str, tree: str, requests: int, access_log: bool, port: int) -> int:
+def _count(python: str, tree: str, requests: int, access_log: bool, port: int, callers: int) -> int:
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, __file__, "--inner", tree,
-            "--requests", str(requests), "--port", str(port)] + (["--access-log"] if access_log else [])
+            "--requests", str(requests), "--port", str(port), "--callers", str(callers)] + (
+                ["--access-log"] if access_log else [])
     # One hash seed for every run: str hashes (dict and set probing, their collisions) are then
     # the same in every run and every tree.
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -140,6 +141,10 @@ def _count(python: str, tree: str, requests: int, access_log: bool, port: int) -
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--tree", action="append", default=[], help="NAME=DIR[:access-log], repeatable")
+    p.add_argument("--callers", type=int, default=32,
+                   help="concurrent callers (1: one request at a time, every request the same loop passes; "
+                        "with 32, how many requests share a pass depends on the backend's timing, and moved "
+                        "counts by up to ±25,000 between runs)")
     p.add_argument("--small", type=int, default=320)
     p.add_argument("--large", type=int, default=1920)
     p.add_argument("--repeat", type=int, default=1,
@@ -151,7 +156,7 @@ def main() -> int:
     p.add_argument("--access-log", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
-        _inner(args.inner, args.requests, args.access_log, args.port)
+        _inner(args.inner, args.requests, args.access_log, args.port, args.callers)
         return 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,9 +180,9 @@ def main() -> int:
                 python = str(Path(tree) / ".venv/bin/python")
                 if not os.path.exists(python):
                     python = sys.executable
-                small = _count(python, tree, args.small, option == "access-log", port)
-                large = _count(python, tree, args.large, option == "access-log", port)
-                per_request = (large - small) / ((args.large // 32 - args.small // 32) * 32)
+                small = _count(python, tree, args.small, option == "access-log", port, args.callers)
+                large = _count(python, tree, args.large, option == "access-log", port, args.callers)
+                per_request = (large - small) / ((args.large // args.callers - args.small // args.callers) * args.callers)
                 counts.setdefault(name, []).append(per_request)
                 print(f"{name}: {per_request:,.0f} instructions per request "
                       f"({tree}{' + JSON access log' if option else ''}; run {repeat + 1})", flush=True)

@@ -57,10 +57,9 @@ _ACCESS_HEAD = b'{"level":"info","logger":"gateway.access","message":"mcp reques
 _last_head: list[Any] = [-1, b""]  # the millisecond of the last line, and its start
 
 
-def _access_head(now: float) -> bytes:
-    ms = int(now * 1000)
-    if ms != _last_head[0]:
-        _last_head[0], _last_head[1] = ms, b'%s%s","request_id":"' % (_ACCESS_HEAD, _timestamp(now).encode())
+def _new_access_head(now: float, ms: int) -> bytes:
+    """The start of the lines of millisecond `ms` (`now` truncated), made once for all of them."""
+    _last_head[0], _last_head[1] = ms, b'%s%s","request_id":"' % (_ACCESS_HEAD, _timestamp(now).encode())
     return _last_head[1]
 
 
@@ -153,14 +152,21 @@ _dumps = orjson.dumps
 
 
 def _shape(method: str | None, backend: str | None, status: int, jsonrpc_code: int | str | None,
-           cache: str | None, era: str) -> tuple[bytes, bytes, bytes, bytes]:
-    """The encoded fields of a shape, in four runs: after the trace id (to the name), after
-    the name (to the duration), after the duration (to the subject), after the subject."""
-    return (b',"method":%s,"name":' % _dumps(method),
+           cache: str | None, era: str) -> tuple[bytes, ...]:
+    """The encoded fields of a shape, as the runs of bytes between the per-line values: [0] from
+    the trace id to the name, with no trace id (tracing off: the common case), [1] the same
+    after a trace id, [2] from the name to the duration, [3] from the duration to the end with
+    no subject (no authentication: the common case), [4] and [5] before and after a subject."""
+    method_to_name = b',"method":%s,"name":' % _dumps(method)
+    cache_to_subject = b',"cache":%s,"subject":' % _dumps(cache)
+    era_to_end = b',"era":%s}\n' % _dumps(era)
+    return (b'","trace_id":null' + method_to_name,
+            method_to_name,
             b',"backend":%s,"status":%s,"jsonrpc_code":%s,"duration_ms":' % (
                 _dumps(backend), _dumps(status), _dumps(jsonrpc_code)),
-            b',"cache":%s,"subject":' % _dumps(cache),
-            b',"era":%s}\n' % _dumps(era))
+            cache_to_subject + _NULL + era_to_end,
+            cache_to_subject,
+            era_to_end)
 
 # Access lines are held at most this long, or until this many wait: one write per batch, not
 # per request (a write per loop pass was most of the access log's cost under load).
@@ -178,7 +184,7 @@ class AccessLog:
         self.fd = sys.stdout.fileno() if fd is None else fd
         self._pending: list[bytes] = []
         self._scheduled = False
-        self._shapes: dict[tuple[Any, ...], tuple[bytes, bytes, bytes, bytes]] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
         self.written = 0
         # The line's format is chosen once, and so is whether sampling can drop anything: the
         # per-request call is one bound method that builds nothing for a line sampled out.
@@ -224,14 +230,16 @@ class AccessLog:
             shape = _shape(*key)
             if len(self._shapes) < _MAX_SHAPES:
                 self._shapes[key] = shape
+        now = time.time()
+        ms = int(now * 1000)
         name, subject = record.name, record.subject
         return b"".join((
-            _access_head(time.time()), record.request_id.encode(),
-            b'","trace_id":null' if trace_id is None else b'","trace_id":"%s"' % trace_id.encode(),
-            shape[0], _NULL if name is None else _dumps(name),
-            shape[1], _dumps(seconds * 1000.0),
-            shape[2], _NULL if subject is None else _dumps(subject),
-            shape[3]))
+            _last_head[1] if ms == _last_head[0] else _new_access_head(now, ms),
+            record.request_id.encode(),
+            shape[0] if trace_id is None else b'","trace_id":"%s"%s' % (trace_id.encode(), shape[1]),
+            _NULL if name is None else _dumps(name),
+            shape[2], _dumps(seconds * 1000.0),
+            shape[3] if subject is None else b"%s%s%s" % (shape[4], _dumps(subject), shape[5])))
 
     def _text_line(self, record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
         fields = orjson.loads(self._json_line(record, seconds, trace_id))
