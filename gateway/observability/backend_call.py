@@ -21,7 +21,8 @@ _GATEWAY_OUTCOMES = {
     rpc.BACKEND_TIMEOUT: "timeout",
     rpc.BACKEND_PROTOCOL_ERROR: "protocol",
 }
-# (backend, method, outcome, code, version, tool) → its metric children: one probe per call.
+# (backend, method, outcome, code, version, tool, whole answer) → its metric children: one
+# probe per call.
 _children: dict[tuple[Any, ...], tuple[loop_metrics.Event, dict[str, Any]]] = {}
 # backend name → (network.transport, server.address) labels, made once.
 _peers: dict[str, tuple[str, str]] = {}
@@ -94,22 +95,24 @@ class BackendCall:
         return self.call
 
     def sent(self, message: Any) -> None:
-        """The backend's answer has started; `message` is the whole answer when not a stream
-        (then complete at this same moment: one clock read for both measures)."""
+        """The backend's answer has started; `message` is the whole answer when not a stream.
+        A whole answer is complete at the moment it starts: one clock read, and its time to
+        the first byte and its duration observed together (`_end`, `whole`)."""
         seconds = time.perf_counter() - self.started
+        if self.token is not None or self.sending is not None:
+            self._detach()
+        if message is not None:
+            self.complete(message, seconds)
+            return
         key = (self.backend.name, self.method)
         child = _first_byte.get(key)
         if child is None:
             child = _first_byte[key] = metrics.backend_seconds_child(*key)
         child.observe(seconds)
-        if self.token is not None or self.sending is not None:
-            self._detach()
-        if message is not None:
-            self.complete(message, seconds)
 
     def complete(self, message: Any, seconds: float | None = None) -> None:
-        """The final answer arrived (a backend's JSON-RPC error included); `seconds` since the
-        call was sent, when the caller has just read the clock."""
+        """The final answer arrived (a backend's JSON-RPC error included). `seconds`: given by
+        `sent` for a whole answer (its first byte not observed yet), None at a stream's end."""
         if self.done:
             return
         code: int | None = None
@@ -140,9 +143,12 @@ class BackendCall:
 
     def _end(self, outcome: str, label: str, code: int | None, message: str | None, tool_error: bool,
              seconds: float | None = None) -> None:
+        """The call's counters and duration; `seconds` given: a whole answer, whose time to the
+        first byte is these same seconds, observed by the same Event."""
         self.done = True
         call = self.call
-        key = (self.backend.name, self.method, outcome, label, call.version, self.tool)
+        whole = seconds is not None
+        key = (self.backend.name, self.method, outcome, label, call.version, self.tool, whole)
         children = _children.get(key)
         if children is None:
             transport, address = _peer(self.backend)
@@ -152,14 +158,17 @@ class BackendCall:
             counters = [metrics.backend_requests_child(self.backend.name, self.method, outcome, label)]
             if self.method == "tools/call":
                 counters.append(metrics.TOOL_CALLS.labels(self.backend.name, self.tool or metrics.OTHER, label))
+            histograms = [metrics.CLIENT_OPERATION.labels(self.method, error, self.tool, call.version, transport,
+                                                          address)]
+            if whole:
+                histograms.append(metrics.backend_seconds_child(self.backend.name, self.method))
             children = _children[key] = (
-                loop_metrics.Event(counters, [metrics.CLIENT_OPERATION.labels(self.method, error, self.tool,
-                                                                              call.version, transport, address)]),
+                loop_metrics.Event(counters, histograms),
                 otel_metrics.attributes(self.method, error, self.tool, call.version, transport, address),
             )
         if seconds is None:
             seconds = time.perf_counter() - self.started
-        children[0].add(seconds)  # the backend call counter, the tool's counter, the duration
+        children[0].add(seconds)  # the call's and the tool's counters, its duration (and first byte)
         if otel_metrics.client_duration is not None:
             otel_metrics.client_duration.record(seconds, children[1])
         if self.span is not None:
