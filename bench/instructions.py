@@ -12,7 +12,15 @@ instructions per request, start-up and warm-up cancelled out.
         --tree this=. --tree this-json=.:access-log
 
 A tree is a directory holding gateway/ (its own .venv/bin/python when it has one); `:access-log`
-turns `observability: {log_format: json, access_log: true}` on (lines to a temporary file).
+turns `observability: {log_format: json, access_log: true}` on (lines to a temporary file);
+`:access-log-batched` too, its lines written 256 at a time as under load (see `_inner`).
+
+Steady counts: `--callers 1` (one request at a time: every request the same loop passes; with
+32 callers how many share a pass follows the backend's timing, ±25,000 instructions between
+runs), the hash seed fixed, no garbage collection inside the counted part (its timing follows
+every allocation before it; the allocations themselves are counted), `--repeat` to see the
+spread. What still moves: work done per unit of wall time (timers), which valgrind's slowness
+turns into work per request.
 No bench lock is taken: instruction counts are not disturbed by other processes. Needs valgrind
 (Debian's package). Instructions are not time: bench/README.md "Observability" says how the
 counts relate to µs on this machine.
@@ -37,7 +45,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 
 
-def _inner(tree: str, requests: int, access_log: bool, port: int, callers: int) -> None:
+def _inner(tree: str, requests: int, access_log: str, port: int, callers: int) -> None:
     """Runs under valgrind: the tree's gateway app, warmed, then `requests` calls."""
     sys.path[:0] = [tree]
     sys.path.append(str(BENCH))
@@ -68,6 +76,13 @@ def _inner(tree: str, requests: int, access_log: bool, port: int, callers: int) 
     except ValueError:
         settings = GatewaySettings(backends=[backend], cache={"store": "memory"}, **extra)
     app = build_app(settings)
+    if access_log == "access-log-batched":
+        # Under valgrind a request takes ~10 ms: the access log's 50 ms timer would write every
+        # ~5 lines, where a loaded gateway (~14,000 requests a second) fills its 256-line batch
+        # first. The timer is pushed out so that batches are of 256 lines, as under that load.
+        from gateway.observability import logs
+
+        logs._FLUSH_SECONDS = 3600.0
     body, headers = request("call")
 
     async def one() -> None:
@@ -124,10 +139,10 @@ def _inner(tree: str, requests: int, access_log: bool, port: int, callers: int) 
     uvloop.run(main())
 
 
-def _count(python: str, tree: str, requests: int, access_log: bool, port: int, callers: int) -> int:
+def _count(python: str, tree: str, requests: int, access_log: str, port: int, callers: int) -> int:
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, __file__, "--inner", tree,
             "--requests", str(requests), "--port", str(port), "--callers", str(callers)] + (
-                ["--access-log"] if access_log else [])
+                ["--access-log", access_log] if access_log else [])
     # One hash seed for every run: str hashes (dict and set probing, their collisions) are then
     # the same in every run and every tree.
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -140,7 +155,8 @@ def _count(python: str, tree: str, requests: int, access_log: bool, port: int, c
 
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--tree", action="append", default=[], help="NAME=DIR[:access-log], repeatable")
+    p.add_argument("--tree", action="append", default=[],
+                   help="NAME=DIR[:access-log|:access-log-batched], repeatable")
     p.add_argument("--callers", type=int, default=32,
                    help="concurrent callers (1: one request at a time, every request the same loop passes; "
                         "with 32, how many requests share a pass depends on the backend's timing, and moved "
@@ -153,7 +169,7 @@ def main() -> int:
     p.add_argument("--inner", help=argparse.SUPPRESS)
     p.add_argument("--requests", type=int, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--access-log", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--access-log", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
         _inner(args.inner, args.requests, args.access_log, args.port, args.callers)
@@ -180,12 +196,12 @@ def main() -> int:
                 python = str(Path(tree) / ".venv/bin/python")
                 if not os.path.exists(python):
                     python = sys.executable
-                small = _count(python, tree, args.small, option == "access-log", port, args.callers)
-                large = _count(python, tree, args.large, option == "access-log", port, args.callers)
+                small = _count(python, tree, args.small, option, port, args.callers)
+                large = _count(python, tree, args.large, option, port, args.callers)
                 per_request = (large - small) / ((args.large // args.callers - args.small // args.callers) * args.callers)
                 counts.setdefault(name, []).append(per_request)
                 print(f"{name}: {per_request:,.0f} instructions per request "
-                      f"({tree}{' + JSON access log' if option else ''}; run {repeat + 1})", flush=True)
+                      f"({tree}{' + JSON ' + option if option else ''}; run {repeat + 1})", flush=True)
         if args.repeat > 1:
             for name, runs in counts.items():
                 print(f"{name}: median {statistics.median(runs):,.0f} (min {min(runs):,.0f}, max {max(runs):,.0f}, "
