@@ -1,14 +1,17 @@
 """Instructions per call of each piece of the request telemetry, counted by valgrind.
 
-Whole-request instruction counts (bench/instructions.py) resolve about ±20,000 instructions;
-a piece called alone is exact to a few. Each piece is called N times in a running event loop
-(a loop pass every 32 calls, as under load), under `valgrind --tool=callgrind`, with N = 2,000
-and 22,000; the difference over 20,000 calls, minus the loop's own cost ("empty"), is printed.
+Whole-request instruction counts (bench/instructions.py) resolve about ±2,000 instructions
+with `--callers 1`; a piece called alone repeats to ~1 %. Each piece is called N times in a
+running event loop (a loop pass every 32 calls, as under load), under `valgrind --tool=callgrind`
+with the hash seed fixed, with N = 2,000 and 22,000; the difference over 20,000 calls, minus the
+loop's own cost ("empty"), is printed. "telemetry-step" is the whole RequestTelemetry step (JSON
+access line on) around an app that answers at once, less that app alone ("bare-app"); the
+request's headers are decoded beforehand, as the first policy to ask would.
 
     python bench/telemetry_pieces.py              # every piece
     python bench/telemetry_pieces.py access-line  # one
 
-Figures: bench/README.md "The ≤ 5 µs budget, measured again".
+Figures: bench/README.md "The ≤ 5 µs budget, counted right".
 """
 
 from __future__ import annotations
