@@ -7,9 +7,9 @@ stdout; spans of the console exporter go to stderr (tracing.py), so neither inte
 other.
 
 The access line is not a `logging` record: a record, its formatting and the handler's lock and
-flush cost ~10 µs, a per-request price the pass-through budget cannot pay. Lines are encoded
-with orjson and written together once per event-loop pass (`AccessLog`), like the gateway's
-socket writes (write_batch.py).
+flush cost ~10 µs, a per-request price the pass-through budget cannot pay. Lines are written
+from pieces encoded once (their start per millisecond, their bounded fields per combination;
+orjson for the rest) and held for one write per batch (`AccessLog`).
 """
 
 from __future__ import annotations
@@ -250,7 +250,8 @@ class AccessLog:
         self._scheduled = False
         if not self._pending:
             return
-        # Lines counted as held, not by scanning the batch for newlines (~1,500 instructions a line).
+        # Lines counted as held, not by scanning the batch for newlines (which cost more than
+        # encoding a line's bounded fields: bench/README.md "The ≤ 5 µs budget, counted right").
         self.written += len(self._pending)
         data, self._pending = b"".join(self._pending), []
         try:

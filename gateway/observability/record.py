@@ -37,8 +37,8 @@ class RequestRecord:
     request, and setting two dozen slots cost more than the rest of the telemetry step. Those
     read on every request while still unset (a pass-through call: `noted`, `finished`,
     `backend`, `code`, `cache`, `subject`) are set in `__init__` too: reading a class default
-    through an instance costs ~260 instructions, an instance's own attribute ~65, and setting
-    one in `__init__` ~75 (bench/README.md "Observability")."""
+    through an instance costs several times an instance's own attribute, more than setting it
+    in `__init__` (bench/README.md "The ≤ 5 µs budget, counted right")."""
 
     tool_error = False   # a result with isError: true
     transport = "streamable-http"  # or "sse" (HTTP+SSE clients)
