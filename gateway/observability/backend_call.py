@@ -13,7 +13,7 @@ import contextvars
 import time
 from typing import Any
 
-from gateway.observability import metrics, otel_metrics, tracing
+from gateway.observability import loop_metrics, metrics, otel_metrics, tracing
 from gateway.protocol import jsonrpc as rpc
 
 _GATEWAY_OUTCOMES = {
@@ -21,8 +21,9 @@ _GATEWAY_OUTCOMES = {
     rpc.BACKEND_TIMEOUT: "timeout",
     rpc.BACKEND_PROTOCOL_ERROR: "protocol",
 }
-# (backend, method, outcome, code, version, tool) → its metric children: one probe per call.
-_children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
+# (backend, method, outcome, code, version, tool, whole answer) → its metric children: one
+# probe per call.
+_children: dict[tuple[Any, ...], tuple[loop_metrics.Event, dict[str, Any]]] = {}
 # backend name → (network.transport, server.address) labels, made once.
 _peers: dict[str, tuple[str, str]] = {}
 # (backend, method) → the time-to-first-byte histogram child.
@@ -94,18 +95,24 @@ class BackendCall:
         return self.call
 
     def sent(self, message: Any) -> None:
-        """The backend's answer has started; `message` is the whole answer when not a stream."""
+        """The backend's answer has started; `message` is the whole answer when not a stream.
+        A whole answer is complete at the moment it starts: one clock read, and its time to
+        the first byte and its duration observed together (`_end`, `whole`)."""
+        seconds = time.perf_counter() - self.started
+        if self.token is not None or self.sending is not None:
+            self._detach()
+        if message is not None:
+            self.complete(message, seconds)
+            return
         key = (self.backend.name, self.method)
         child = _first_byte.get(key)
         if child is None:
             child = _first_byte[key] = metrics.backend_seconds_child(*key)
-        child.observe(time.perf_counter() - self.started)
-        self._detach()
-        if message is not None:
-            self.complete(message)
+        child.observe(seconds)
 
-    def complete(self, message: Any) -> None:
-        """The final answer arrived (a backend's JSON-RPC error included)."""
+    def complete(self, message: Any, seconds: float | None = None) -> None:
+        """The final answer arrived (a backend's JSON-RPC error included). `seconds`: given by
+        `sent` for a whole answer (its first byte not observed yet), None at a stream's end."""
         if self.done:
             return
         code: int | None = None
@@ -118,7 +125,8 @@ class BackendCall:
             result = message.get("result") if isinstance(message, dict) else None
             tool_error = isinstance(result, dict) and result.get("isError") is True
             outcome = label = metrics.TOOL_ERROR if tool_error else metrics.OK
-        self._end(outcome, label, code, error.get("message") if isinstance(error, dict) else None, tool_error)
+        self._end(outcome, label, code, error.get("message") if isinstance(error, dict) else None, tool_error,
+                  seconds)
 
     def failed(self, exc: rpc.McpError) -> None:
         """The gateway made the error (unreachable, timeout, protocol violation)."""
@@ -133,30 +141,36 @@ class BackendCall:
         if not self.done:
             self._end("cancelled", metrics.OTHER, None, "cancelled before the answer was complete", False)
 
-    def _end(self, outcome: str, label: str, code: int | None, message: str | None, tool_error: bool) -> None:
+    def _end(self, outcome: str, label: str, code: int | None, message: str | None, tool_error: bool,
+             seconds: float | None = None) -> None:
+        """The call's counters and duration; `seconds` given: a whole answer, whose time to the
+        first byte is these same seconds, observed by the same Event."""
         self.done = True
         call = self.call
-        key = (self.backend.name, self.method, outcome, label, call.version, self.tool)
+        whole = seconds is not None
+        key = (self.backend.name, self.method, outcome, label, call.version, self.tool, whole)
         children = _children.get(key)
         if children is None:
             transport, address = _peer(self.backend)
             error = "" if label == metrics.OK else "_OTHER" if label == metrics.OTHER else label
             if outcome == "cancelled":
                 error = "cancelled"
+            counters = [metrics.backend_requests_child(self.backend.name, self.method, outcome, label)]
+            if self.method == "tools/call":
+                counters.append(metrics.TOOL_CALLS.labels(self.backend.name, self.tool or metrics.OTHER, label))
+            histograms = [metrics.CLIENT_OPERATION.labels(self.method, error, self.tool, call.version, transport,
+                                                          address)]
+            if whole:
+                histograms.append(metrics.backend_seconds_child(self.backend.name, self.method))
             children = _children[key] = (
-                metrics.backend_requests_child(self.backend.name, self.method, outcome, label),
-                metrics.CLIENT_OPERATION.labels(self.method, error, self.tool, call.version, transport, address),
-                metrics.TOOL_CALLS.labels(self.backend.name, self.tool or metrics.OTHER, label)
-                if self.method == "tools/call" else None,
+                loop_metrics.Event(counters, histograms),
                 otel_metrics.attributes(self.method, error, self.tool, call.version, transport, address),
             )
-        seconds = time.perf_counter() - self.started
-        children[0].inc()
-        children[1].observe(seconds)
-        if children[2] is not None:
-            children[2].inc()
+        if seconds is None:
+            seconds = time.perf_counter() - self.started
+        children[0].add(seconds)  # the call's and the tool's counters, its duration (and first byte)
         if otel_metrics.client_duration is not None:
-            otel_metrics.client_duration.record(seconds, children[3])
+            otel_metrics.client_duration.record(seconds, children[1])
         if self.span is not None:
             tracing.close_client_span(self.span, code, message, tool_error)
             self.span = None

@@ -7,9 +7,9 @@ stdout; spans of the console exporter go to stderr (tracing.py), so neither inte
 other.
 
 The access line is not a `logging` record: a record, its formatting and the handler's lock and
-flush cost ~10 µs, a per-request price the pass-through budget cannot pay. Lines are encoded
-with orjson and written together once per event-loop pass (`AccessLog`), like the gateway's
-socket writes (write_batch.py).
+flush cost ~10 µs, a per-request price the pass-through budget cannot pay. Lines are written
+from pieces encoded once (their start per millisecond, their bounded fields per combination;
+orjson for the rest) and held for one write per batch (`AccessLog`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,18 @@ def _timestamp(created: float) -> str:
     text = f"{_second[1]}.{ms % 1000:03d}Z"
     _last[0], _last[1] = ms, text
     return text
+
+
+# The start of an access line up to its request id: the constant fields and the time, encoded
+# once per millisecond (as `_timestamp`) rather than joined per line.
+_ACCESS_HEAD = b'{"level":"info","logger":"gateway.access","message":"mcp request","time":"'
+_last_head: list[Any] = [-1, b""]  # the millisecond of the last line, and its start
+
+
+def _new_access_head(now: float, ms: int) -> bytes:
+    """The start of the lines of millisecond `ms` (`now` truncated), made once for all of them."""
+    _last_head[0], _last_head[1] = ms, b'%s%s","request_id":"' % (_ACCESS_HEAD, _timestamp(now).encode())
+    return _last_head[1]
 
 
 # True in the task serving a listener other than the MCP one (lifecycle.Listener `secondary`).
@@ -129,8 +141,32 @@ def configure(level: str, log_format: str, stream: Any = None) -> logging.Handle
     return handler
 
 
-# The access line's constant fields, encoded once; its time follows, then the rest.
-_ACCESS_HEAD = b'{"level":"info","logger":"gateway.access","message":"mcp request","time":"'
+# An access line's fields whose values come from small sets (method, backend, HTTP status,
+# JSON-RPC code, cache outcome, era) are encoded once per combination, its "shape", and kept;
+# per line only the request and trace ids, the name, the duration and the subject are. At most
+# this many shapes are kept: past it (a backend sending many codes of its own, say) a line's
+# shape is encoded for that line alone, the same bytes, only slower.
+_MAX_SHAPES = 512
+_NULL = b"null"
+_dumps = orjson.dumps
+
+
+def _shape(method: str | None, backend: str | None, status: int, jsonrpc_code: int | str | None,
+           cache: str | None, era: str) -> tuple[bytes, ...]:
+    """The encoded fields of a shape, as the runs of bytes between the per-line values: [0] from
+    the trace id to the name, with no trace id (tracing off: the common case), [1] the same
+    after a trace id, [2] from the name to the duration, [3] from the duration to the end with
+    no subject (no authentication: the common case), [4] and [5] before and after a subject."""
+    method_to_name = b',"method":%s,"name":' % _dumps(method)
+    cache_to_subject = b',"cache":%s,"subject":' % _dumps(cache)
+    era_to_end = b',"era":%s}\n' % _dumps(era)
+    return (b'","trace_id":null' + method_to_name,
+            method_to_name,
+            b',"backend":%s,"status":%s,"jsonrpc_code":%s,"duration_ms":' % (
+                _dumps(backend), _dumps(status), _dumps(jsonrpc_code)),
+            cache_to_subject + _NULL + era_to_end,
+            cache_to_subject,
+            era_to_end)
 
 # Access lines are held at most this long, or until this many wait: one write per batch, not
 # per request (a write per loop pass was most of the access log's cost under load).
@@ -148,6 +184,7 @@ class AccessLog:
         self.fd = sys.stdout.fileno() if fd is None else fd
         self._pending: list[bytes] = []
         self._scheduled = False
+        self._shapes: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
         self.written = 0
         # The line's format is chosen once, and so is whether sampling can drop anything: the
         # per-request call is one bound method that builds nothing for a line sampled out.
@@ -178,28 +215,34 @@ class AccessLog:
             except RuntimeError:
                 self.flush()
 
-    @staticmethod
-    def _json_line(record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
-        # The constant fields are encoded once (`_ACCESS_HEAD`); the rest is one dict literal
-        # read from the record and one orjson call that adds the newline itself.
+    def _json_line(self, record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
+        """The line, field for field what `orjson.dumps` of the record's fields would write
+        (tests/unit/test_access_line.py holds it to that): its start cached per millisecond,
+        its shape per combination of bounded values (`_shape`), and per line one join of the
+        rest. The request id needs no JSON escaping: `request_id_from` admits only
+        `A-Za-z0-9._:/+=-` and generates hex. The name and the subject come from the request
+        and are escaped by orjson."""
         code = record.code
-        return _ACCESS_HEAD + _timestamp(time.time()).encode() + orjson.dumps({
-            "request_id": record.request_id,
-            "trace_id": trace_id,
-            "method": record.method,
-            "name": record.name,
-            "backend": record.backend,
-            "status": record.status,
-            "jsonrpc_code": code if code is not None else "tool_error" if record.tool_error else None,
-            "duration_ms": seconds * 1000.0,
-            "cache": record.cache,
-            "subject": record.subject,
-            "era": record.era,
-        }, option=orjson.OPT_APPEND_NEWLINE).replace(b"{", b'",', 1)
+        key = (record.method, record.backend, record.status,
+               code if code is not None else "tool_error" if record.tool_error else None, record.cache, record.era)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = _shape(*key)
+            if len(self._shapes) < _MAX_SHAPES:
+                self._shapes[key] = shape
+        now = time.time()
+        ms = int(now * 1000)
+        name, subject = record.name, record.subject
+        return b"".join((
+            _last_head[1] if ms == _last_head[0] else _new_access_head(now, ms),
+            record.request_id.encode(),
+            shape[0] if trace_id is None else b'","trace_id":"%s"%s' % (trace_id.encode(), shape[1]),
+            _NULL if name is None else _dumps(name),
+            shape[2], _dumps(seconds * 1000.0),
+            shape[3] if subject is None else b"%s%s%s" % (shape[4], _dumps(subject), shape[5])))
 
-    @staticmethod
-    def _text_line(record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
-        fields = orjson.loads(AccessLog._json_line(record, seconds, trace_id))
+    def _text_line(self, record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
+        fields = orjson.loads(self._json_line(record, seconds, trace_id))
         return (" ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("level", "logger"))
                 + "\n").encode()
 
@@ -207,8 +250,10 @@ class AccessLog:
         self._scheduled = False
         if not self._pending:
             return
+        # Lines counted as held, not by scanning the batch for newlines (which cost more than
+        # encoding a line's bounded fields: bench/README.md "The ≤ 5 µs budget, counted right").
+        self.written += len(self._pending)
         data, self._pending = b"".join(self._pending), []
-        self.written += data.count(b"\n")
         try:
             while data:
                 data = data[os.write(self.fd, data):]

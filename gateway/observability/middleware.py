@@ -18,12 +18,14 @@ from typing import Any
 import orjson
 
 from gateway import asgi
-from gateway.observability import metrics, otel_metrics, tracing
+from gateway.observability import loop_metrics, metrics, otel_metrics, tracing
 from gateway.observability.logs import AccessLog
 from gateway.observability.record import CURRENT, RequestRecord, request_id_from
 
 # Error answers are decoded for their JSON-RPC code only when small (they always are).
 _MAX_ERROR_BODY = 64 * 1024
+# Combinations of a record's raw values remembered with their metric children (`_finish`).
+_MAX_RECORD_KEYS = 1024
 
 
 class RequestTelemetry:
@@ -39,7 +41,9 @@ class RequestTelemetry:
         self.max_body_bytes = max_body_bytes
         # label tuple → its loop-owned metric children: one dict probe per request instead of
         # several label lookups (every label set is bounded: metrics.py).
-        self._children: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
+        self._children: dict[tuple[Any, ...], tuple[loop_metrics.Event, dict[str, Any]]] = {}
+        # The record's raw values → the same children: no label worked out per request (`_finish`).
+        self._by_record: dict[tuple[Any, ...], tuple[loop_metrics.Event, dict[str, Any]]] = {}
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or (
@@ -89,32 +93,20 @@ class RequestTelemetry:
 
     def _finish(self, record: RequestRecord, scope: asgi.Scope, headers: dict[str, str]) -> None:
         seconds = time.perf_counter() - record.started
-        method = metrics.method_label(record.method)
-        if record.code is not None:
-            code = metrics.code_label(record.code)
-        elif record.tool_error:
-            code = metrics.TOOL_ERROR
-        else:
-            code = metrics.OK if record.status < 400 else metrics.NONE
-        # tools/call: the tool's own series when the route table knows the name (dispatch
-        # sets `tool_label`), else "other".
-        tool = (record.tool_label or metrics.OTHER) if method == "tools/call" else ""
-        key = (method, record.era, record.status, code, record.version, tool)
-        children = self._children.get(key)
+        # The record's own values are the key (the labels are a function of them, worked out
+        # by `_series` once per combination): no label is computed per request. Raw values may
+        # come from the client (a method, a version) or a backend (a code), so at most
+        # `_MAX_RECORD_KEYS` are kept; past that, the labels are worked out per request.
+        key = (record.method, record.era, record.status, record.code, record.tool_error, record.version,
+               record.tool_label)
+        children = self._by_record.get(key)
         if children is None:
-            error = {metrics.OK: "", metrics.OTHER: "_OTHER", metrics.NONE: str(record.status)}.get(code, code)
-            version = _version_label(record.version)
-            children = self._children[key] = (
-                metrics.requests_child(method, record.era, metrics.status_label(record.status), code),
-                metrics.request_seconds_child(method, record.era),
-                metrics.SERVER_OPERATION.labels(method, error, tool, version, "tcp"),
-                otel_metrics.attributes(method, error, tool, version, "tcp"),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
-        children[2].observe(seconds)
+            children = self._series(record)
+            if len(self._by_record) < _MAX_RECORD_KEYS:
+                self._by_record[key] = children
+        children[0].add(seconds)  # the request counter and both duration histograms
         if otel_metrics.server_duration is not None:
-            otel_metrics.server_duration.record(seconds, children[3])
+            otel_metrics.server_duration.record(seconds, children[1])
         if record.era == "legacy" and record.translation is None:
             record.translation = "legacy-client"
         trace_id = None
@@ -127,6 +119,32 @@ class RequestTelemetry:
             tracing.close_server_span(record)
         if self.access_log is not None:
             self.access_log.log(record, seconds, trace_id)  # sampling decided inside, first
+
+    def _series(self, record: RequestRecord) -> tuple[loop_metrics.Event, dict[str, Any]]:
+        """The request's metric labels, from the record, and their loop-owned children (one
+        Event for the counter and the two histograms, the OTLP attributes)."""
+        method = metrics.method_label(record.method)
+        if record.code is not None:
+            code = metrics.code_label(record.code)
+        elif record.tool_error:
+            code = metrics.TOOL_ERROR
+        else:
+            code = metrics.OK if record.status < 400 else metrics.NONE
+        # tools/call: the tool's own series when the route table knows the name (dispatch
+        # sets `tool_label`), else "other".
+        tool = (record.tool_label or metrics.OTHER) if method == "tools/call" else ""
+        version = _version_label(record.version)  # a legacy client's is its raw header
+        key = (method, record.era, record.status, code, version, tool)
+        children = self._children.get(key)
+        if children is None:
+            error = {metrics.OK: "", metrics.OTHER: "_OTHER", metrics.NONE: str(record.status)}.get(code, code)
+            children = self._children[key] = (
+                loop_metrics.Event([metrics.requests_child(method, record.era, metrics.status_label(record.status), code)],
+                                   [metrics.request_seconds_child(method, record.era),
+                                    metrics.SERVER_OPERATION.labels(method, error, tool, version, "tcp")]),
+                otel_metrics.attributes(method, error, tool, version, "tcp"),
+            )
+        return children
 
     def _peek(self, record: RequestRecord, receive: asgi.Receive) -> asgi.Receive:
         """`receive`, noting the method, name, id and `_meta` of the body it delivers."""

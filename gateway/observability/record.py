@@ -33,8 +33,12 @@ def request_id_from(header: str | None) -> str:
 
 
 class RequestRecord:
-    """Defaults are class attributes and `__init__` sets four: the record is made for every
-    request, and setting two dozen slots cost more than the rest of the telemetry step."""
+    """Defaults are class attributes and `__init__` sets few: the record is made for every
+    request, and setting two dozen slots cost more than the rest of the telemetry step. Those
+    read on every request while still unset (a pass-through call: `noted`, `finished`,
+    `backend`, `code`, `cache`, `subject`) are set in `__init__` too: reading a class default
+    through an instance costs several times an instance's own attribute, more than setting it
+    in `__init__` (bench/README.md "The ≤ 5 µs budget, counted right")."""
 
     tool_error = False   # a result with isError: true
     transport = "streamable-http"  # or "sse" (HTTP+SSE clients)
@@ -68,6 +72,8 @@ class RequestRecord:
         self.started = started
         self.era = era                  # the client's: modern, legacy
         self.scope = scope              # the ASGI scope (client address, HTTP version)
+        self.noted = self.finished = False
+        self.backend = self.code = self.cache = self.subject = None
 
     def note_answer(self, message: dict[str, Any] | None) -> None:
         """The JSON-RPC outcome of the final answer: its error, or isError/resultType."""

@@ -61,3 +61,24 @@ def test_wrong_label_count_and_unsorted_buckets_are_refused():
         loop_metrics.Counter("t_x_total", "X.", ["a", "b"]).labels("only-one")
     with pytest.raises(ValueError):
         loop_metrics.Histogram("t_y", "Y.", buckets=(1.0, 0.5))
+
+
+def test_an_event_updates_its_values_as_inc_and_observe_would():
+    """`Event.add` writes out `inc()` and `observe()`: the same counts, sums and buckets, a value on
+    a bucket's bound included (`le`), for every value of a sweep across and past the buckets."""
+    bounds = (0.0001, 0.001, 0.01, 1, 60)
+    one_by_one = loop_metrics.Histogram("one_seconds", "d", ["k"], buckets=bounds)
+    together = loop_metrics.Histogram("two_seconds", "d", ["k"], buckets=bounds)
+    second = loop_metrics.Histogram("three_seconds", "d", ["k"], buckets=(0.5, 2))
+    counted, counted_too = loop_metrics.Counter("one_total", "d", ["k"]), loop_metrics.Counter("two_total", "d", ["k"])
+    event = loop_metrics.Event([counted_too.labels("a")], [together.labels("a"), second.labels("a")])
+    values = [0.0, 0.00005, 0.0001, 0.00099, 0.001, 0.5, 1.0, 59.9, 60.0, 61.0, 1e9, *bounds]
+    for value in values:
+        counted.labels("a").inc()
+        one_by_one.labels("a").observe(value)
+        event.add(value)
+    expected, got = one_by_one.labels("a"), together.labels("a")
+    assert (got.counts, got.sum) == (expected.counts, expected.sum)
+    assert counted_too.labels("a").value == counted.labels("a").value == len(values)
+    assert second.labels("a").counts == [sum(v <= 0.5 for v in values), sum(0.5 < v <= 2 for v in values),
+                                         sum(v > 2 for v in values)]

@@ -1,0 +1,59 @@
+"""BackendCall's metrics (observability/backend_call.py): a whole answer's time to its first byte
+and its duration are observed by one Event with one clock read; a stream's at its start and at
+its end. Checked against the families' own children, value by value."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gateway.observability import metrics
+from gateway.observability.backend_call import BackendCall
+from gateway.protocol import jsonrpc as rpc
+
+VERSION = "2026-07-28"
+ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"content": [], "resultType": "complete"}}
+
+
+def _backend(name: str) -> SimpleNamespace:
+    return SimpleNamespace(name=name, settings=SimpleNamespace(command=None, url="http://127.0.0.1:9/mcp"))
+
+
+def _values(backend: str, outcome: str = metrics.OK, label: str = metrics.OK, error: str = ""):
+    """Every test has a backend and a tool of its own (the duration's labels have no backend)."""
+    first = metrics.BACKEND_SECONDS.labels(backend, "tools/call")
+    duration = metrics.CLIENT_OPERATION.labels("tools/call", error, backend, VERSION, "tcp", "127.0.0.1")
+    return (metrics.BACKEND_REQUESTS.labels(backend, "tools/call", outcome, label).value,
+            metrics.TOOL_CALLS.labels(backend, backend, label).value,
+            (first.counts[:], first.sum), (duration.counts[:], duration.sum))
+
+
+def test_a_whole_answer_counts_once_and_observes_first_byte_and_duration_alike():
+    for round_ in range(1, 4):  # the first call makes the Event, the later ones reuse it
+        BackendCall(_backend("bc-whole"), SimpleNamespace(method="tools/call", version=VERSION), "bc-whole").sent(ANSWER)
+        calls, tools, (first, first_sum), (duration, duration_sum) = _values("bc-whole")
+        assert calls == tools == round_
+        assert sum(first) == sum(duration) == round_ and first_sum == duration_sum > 0
+
+
+def test_a_stream_observes_its_first_byte_at_its_start_and_its_duration_at_its_end():
+    probe = BackendCall(_backend("bc-stream"), SimpleNamespace(method="tools/call", version=VERSION), "bc-stream")
+    probe.sent(None)
+    calls, _, (first, first_sum), (duration, _) = _values("bc-stream")
+    assert (calls, sum(first), sum(duration)) == (0, 1, 0)
+    probe.complete(ANSWER)
+    probe.complete(ANSWER)  # a second final message changes nothing
+    calls, tools, (first, first_sum_after), (duration, duration_sum) = _values("bc-stream")
+    assert (calls, tools, sum(first), sum(duration)) == (1, 1, 1, 1)
+    assert first_sum_after == first_sum and duration_sum >= first_sum
+
+
+def test_a_whole_error_answer_and_a_gateway_failure_are_counted_by_their_code():
+    error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}}
+    BackendCall(_backend("bc-error"), SimpleNamespace(method="tools/call", version=VERSION), "bc-error").sent(error)
+    calls, tools, (first, _), (duration, _) = _values("bc-error", "error", "-32602", "-32602")
+    assert (calls, tools, sum(first), sum(duration)) == (1, 1, 1, 1)
+    failed = BackendCall(_backend("bc-failed"), SimpleNamespace(method="tools/call", version=VERSION), "bc-failed")
+    failed.failed(rpc.McpError(rpc.BACKEND_TIMEOUT, "timed out"))
+    label = metrics.code_label(rpc.BACKEND_TIMEOUT)
+    calls, tools, (first, _), (duration, _) = _values("bc-failed", "timeout", label, label)
+    assert (calls, tools, sum(first), sum(duration)) == (1, 1, 0, 1)  # no answer: no first byte
