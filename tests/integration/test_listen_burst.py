@@ -13,7 +13,7 @@ import httpx
 from gateway import write_batch
 from gateway.subscriptions.encoding import Outgoing
 from tests.support.gateway import running_gateway
-from tests.support.listen import RawListen
+from tests.support.listen import RawListen, close_all
 
 SUB = "io.modelcontextprotocol/subscriptionId"
 STREAMS = 2 * write_batch.BURST_WRITES + 37  # three sends per burst, the last one short
@@ -52,7 +52,7 @@ async def test_a_fan_out_in_bursts_writes_what_each_stream_would_have_got_on_its
             await asyncio.wait_for(asyncio.gather(*(s.wait_events(5) for s in streams)), 30)
 
             for s in streams:
-                ack, *events = _events(s.data)
+                _ack, *events = _events(s.data)
                 assert len(events) == 4, (s.id, len(events))
                 # Chunks may coalesce differently on the wire; the events' bytes may not differ.
                 burst = [e.rsplit(b"\r\n", 1)[-1] for e in events[:2]]
@@ -64,8 +64,4 @@ async def test_a_fan_out_in_bursts_writes_what_each_stream_would_have_got_on_its
                     got = n["params"]["_meta"][SUB]
                     assert got == s.id and type(got) is type(s.id), (s.id, got)
         finally:
-            for s in streams:
-                s.close()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await close_all(streams, tasks)

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.subscriptions.encoding import Outgoing
 from tests.support.gateway import running_gateway
-from tests.support.listen import ListenReader, RawListen, eventually
+from tests.support.listen import ListenReader, RawListen, close_all, eventually
 
 SUB = "io.modelcontextprotocol/subscriptionId"
 TOOLS_CHANGED = "notifications/tools/list_changed"
@@ -48,11 +48,7 @@ async def test_idle_streams_hold_no_task_once_acknowledged(mutable_backend):
             streams[0].close()
             await eventually(lambda: gw.runtime.hub.client_count == 49)
         finally:
-            for s in streams:
-                s.close()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await close_all(streams, tasks)
 
 
 @pytest.mark.parametrize("http_protocol", ["gateway", "uvicorn"])
@@ -101,8 +97,4 @@ async def test_a_notification_is_encoded_once_per_replica_not_per_stream(mutable
                 got = s.messages()[1]["params"]["_meta"][SUB]
                 assert got == s.id and type(got) is type(s.id)
         finally:
-            for s in streams:
-                s.close()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await close_all(streams, tasks)

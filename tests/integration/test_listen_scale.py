@@ -16,7 +16,7 @@ import yaml
 
 from gateway import descriptors
 from tests.support import mcp_http
-from tests.support.listen import RawListen
+from tests.support.listen import RawListen, close_all
 from tests.support.procs import gateway_process, python_server
 
 STREAMS = 5000
@@ -67,11 +67,7 @@ async def test_five_thousand_streams_each_get_their_own_id_with_its_type_in_a_bu
                 got = n["params"]["_meta"][SUB]
                 assert got == s.id and type(got) is type(s.id), (s.id, got)
     finally:
-        for s in streams:
-            s.close()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await close_all(streams, tasks)
         gateway.stop()
         backend.stop()
 
@@ -112,11 +108,7 @@ async def test_a_replica_at_its_descriptor_limit_refuses_listens_and_keeps_servi
                 assert again.status_code == 200
                 assert again.headers["content-type"].startswith("text/event-stream")
     finally:
-        for s in streams:
-            s.close()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await close_all(streams, tasks)
         gateway.stop()
         backend.stop()
 

@@ -133,6 +133,15 @@ class RawListen:
             self.writer.close()
 
 
+async def close_all(streams: list[RawListen], tasks: list[asyncio.Task[Any]]) -> None:
+    """A test's raw streams closed and their reader tasks ended (its `finally`)."""
+    for s in streams:
+        s.close()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def eventually(predicate: Any, timeout: float = 20.0, interval: float = 0.05) -> None:
     """Poll until `predicate()` (sync or async) is true; fail after `timeout` seconds."""
     async def loop() -> None:
