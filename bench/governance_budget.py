@@ -31,9 +31,8 @@ import yaml
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from inprocess import bench_backend, measure  # noqa: E402
+from inprocess import bench_backend, measure, started  # noqa: E402
 from run import free_port, governance_yaml, take_lock  # noqa: E402
-from telemetry_ab import started  # noqa: E402  (an app's lifespan, started in this loop)
 
 from gateway.app import build_app  # noqa: E402
 from gateway.settings import GatewaySettings  # noqa: E402

@@ -61,29 +61,49 @@ def request(mode: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     return raw, headers
 
 
+async def started(app: Any, timeout: float = 30) -> tuple[asyncio.Queue[dict[str, str]], asyncio.Future[Any]]:
+    """The app's lifespan started in this loop: (the queue that ends it, its task)."""
+    queue: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    ready = asyncio.Event()
+
+    async def send(message: dict[str, str]) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            ready.set()
+
+    await queue.put({"type": "lifespan.startup"})
+    task = asyncio.ensure_future(app({"type": "lifespan"}, queue.get, send))
+    await asyncio.wait_for(ready.wait(), timeout)
+    return queue, task
+
+
+async def call_once(app: Any, body: bytes, headers: list[tuple[bytes, bytes]], what: str = "") -> None:
+    """One POST /mcp straight into the ASGI app, by a client that stays; SystemExit unless 200."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
+             "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        await asyncio.sleep(3600)  # a client that stays: never a disconnect
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await app(scope, receive, send)
+    if status != [200]:
+        raise SystemExit(f"{what or 'the request'}: the gateway answered {status}, not 200")
+
+
 async def measure(app: Any, mode: str, callers: int, requests: int, rounds: int, profile: bool) -> list[float]:
     body, headers = request(mode)
 
     async def one() -> None:
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
-                 "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
-        pending = [{"type": "http.request", "body": body, "more_body": False}]
-        status: list[int] = []
-
-        async def receive() -> dict[str, Any]:
-            if pending:
-                return pending.pop()
-            await asyncio.sleep(3600)  # a client that stays: never a disconnect
-            raise AssertionError("unreachable")
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-
-        await app(scope, receive, send)
-        if status != [200]:
-            raise SystemExit(f"{mode}: the gateway answered {status}, not 200")
+        await call_once(app, body, headers, mode)
 
     async def caller(n: int) -> None:
         for _ in range(n):

@@ -57,7 +57,7 @@ def _inner(tree: str, requests: int, option: str, port: int, callers: int) -> No
     from gateway.app import build_app
     from gateway.settings import GatewaySettings
 
-    from inprocess import request  # the same request as bench/inprocess.py
+    from inprocess import call_once, request, started  # the same request as bench/inprocess.py
 
     if not gateway.__file__.startswith(tree + os.sep):
         raise SystemExit(f"counted {gateway.__file__}, not the tree {tree}")
@@ -96,37 +96,10 @@ def _inner(tree: str, requests: int, option: str, port: int, callers: int) -> No
     body, headers = request("call")
 
     async def one() -> None:
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"", "root_path": "",
-                 "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
-        pending = [{"type": "http.request", "body": body, "more_body": False}]
-        status: list[int] = []
-
-        async def receive() -> dict[str, Any]:
-            if pending:
-                return pending.pop()
-            await asyncio.sleep(3600)
-            raise AssertionError("unreachable")
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-
-        await app(scope, receive, send)
-        if status != [200]:
-            raise SystemExit(f"the gateway answered {status}, not 200")
+        await call_once(app, body, headers)
 
     async def main() -> None:
-        lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
-        started = asyncio.Event()
-
-        async def lifespan_send(message: dict[str, str]) -> None:
-            if message["type"] == "lifespan.startup.complete":
-                started.set()
-
-        await lifespan.put({"type": "lifespan.startup"})
-        task = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, lifespan_send))
-        await asyncio.wait_for(started.wait(), 120)
+        lifespan, task = await started(app, timeout=120)  # valgrind: everything ~40x slower
         for _ in range(300):
             await one()
         # No collection inside the counted part: when a collection falls depends on every

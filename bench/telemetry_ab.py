@@ -17,7 +17,6 @@ Takes the bench lock like run.py.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import socket
 import subprocess
@@ -33,21 +32,7 @@ sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 from gateway.app import build_app  # noqa: E402
 from gateway.observability import tracing  # noqa: E402
 from gateway.settings import GatewaySettings  # noqa: E402
-from inprocess import free_port, measure, take_lock  # noqa: E402
-
-
-async def started(app: Any) -> tuple[asyncio.Queue[dict[str, str]], asyncio.Future[Any]]:
-    queue: asyncio.Queue[dict[str, str]] = asyncio.Queue()
-    ready = asyncio.Event()
-
-    async def send(message: dict[str, str]) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            ready.set()
-
-    await queue.put({"type": "lifespan.startup"})
-    task = asyncio.ensure_future(app({"type": "lifespan"}, queue.get, send))
-    await asyncio.wait_for(ready.wait(), 30)
-    return queue, task
+from inprocess import free_port, measure, started, take_lock  # noqa: E402
 
 
 async def main_async(args: argparse.Namespace, url: str) -> tuple[list[float], list[float]]:
