@@ -19,13 +19,12 @@ governance budget, counted".
 
 from __future__ import annotations
 
-import asyncio
-import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from callgrind import call_in_loop, count  # bench/ is on sys.path: these run as scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -80,22 +79,11 @@ def steps() -> dict[str, Callable[[], object]]:
 def _inner(piece: str, n: int) -> None:
     step = steps()[piece]
 
-    async def run() -> None:
-        for i in range(n):
-            step()
-            if i % 32 == 31:
-                await asyncio.sleep(0)
-
-    asyncio.run(run())
+    call_in_loop(step, n)
 
 
 def _count(piece: str, n: int) -> int:
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-                           "--inner", piece, str(n)], capture_output=True, text=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise SystemExit(f"{piece}: valgrind run failed:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    return count(__file__, piece, n)
 
 
 def main() -> int:

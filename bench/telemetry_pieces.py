@@ -16,13 +16,12 @@ Figures: bench/README.md "The ≤ 5 µs budget, counted right".
 
 from __future__ import annotations
 
-import asyncio
 import os
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from callgrind import call_in_loop, count  # bench/ is on sys.path: these run as scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 PIECES = ("empty", "access-line", "record", "finish", "note-answer", "backend-call", "outgoing-headers",
@@ -91,23 +90,11 @@ def _inner(piece: str, n: int) -> None:
             "backend-call": backend_call, "outgoing-headers": lambda: tracing.add_outgoing_headers({}),
             "bare-app": lambda: drive(app), "telemetry-step": lambda: drive(step)}[piece]
 
-    async def run() -> None:
-        for i in range(n):
-            call()
-            if i % 32 == 31:
-                await asyncio.sleep(0)
-
-    asyncio.run(run())
+    call_in_loop(call, n)
 
 
 def _count(piece: str, n: int) -> int:
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-                           "--inner", piece, str(n)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise SystemExit(f"{piece}: valgrind run failed:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    return count(__file__, piece, n)
 
 
 def main() -> int:
