@@ -724,17 +724,16 @@ class Http1Client:
 
 def _serialize(head: bytes, headers: Mapping[str, str], body: bytes | None) -> bytes:
     """The request as one buffer. Header values come from clients (Mcp-Param-*, trace
-    context): a CR or LF in one would split the request, so it is refused."""
-    lines = []
-    for name, value in headers.items():
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-            raise ValueError(f"header {name!r} has a line break in its value")
-        lines.append(f"{name}: {value}\r\n")
+    context): a CR or LF in one would split the request, so it is refused. Each line ends in
+    the one CR LF it is given, so the lines are joined first and a count of CRs and LFs above
+    one per line finds a break anywhere (cheaper than four searches per header)."""
+    text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if text.count("\n") != len(headers) or text.count("\r") != len(headers):
+        name = next(name for name, value in headers.items() if "\r" in f"{name}{value}" or "\n" in f"{name}{value}")
+        raise ValueError(f"header {name!r} has a line break in its value")
     if body is None:  # GET, DELETE: no body, so no Content-Length (RFC 9110 §8.6)
-        lines.append("\r\n")
-        return head + "".join(lines).encode("latin-1")
-    lines.append(f"content-length: {len(body)}\r\n\r\n")
-    return head + "".join(lines).encode("latin-1") + body
+        return head + f"{text}\r\n".encode("latin-1")
+    return b"%s%scontent-length: %d\r\n\r\n%s" % (head, text.encode("latin-1"), len(body), body)
 
 
 def for_backend(settings: BackendSettings, ssl_context: ssl.SSLContext | None, *,

@@ -37,6 +37,21 @@ log = logging.getLogger("gateway.backends.modern")
 # refuse the gateway (digest §a.2).
 _RELAYED = ("traceparent", "tracestate", "baggage")
 _ACCEPT = "application/json, text/event-stream"
+# The client's headers relayed as they are (Mcp-Param-*, trace context), worked out once per
+# set of header names: a client sends the same names request after request, and a test of
+# every name per call cost more than the rest of the upstream headers. Names come from
+# clients, so at most this many sets are kept (past it, worked out per call).
+_MAX_NAME_SETS = 256
+_relayed_by_names: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _relayed(names: tuple[str, ...]) -> tuple[str, ...]:
+    found = _relayed_by_names.get(names)
+    if found is None:
+        found = tuple(key for key in names if key.startswith(h.PARAM_PREFIX) or key in _RELAYED)
+        if len(_relayed_by_names) < _MAX_NAME_SETS:
+            _relayed_by_names[names] = found
+    return found
 # The 4xx statuses the spec gives a JSON-RPC error body (digest §a.3): relayed with their code.
 # Any other 4xx is the backend refusing the gateway, never the client (`rpc.backend_refused`).
 _RELAYED_4XX = frozenset({400, 404})
@@ -74,9 +89,9 @@ class ModernHttpBackend(Backend):
             headers[h.METHOD] = call.method
             if call.name is not None:
                 headers[h.NAME] = h.encode_value(call.name)
-        for key, value in call.headers.items():
-            if key.startswith(h.PARAM_PREFIX) or key in _RELAYED:
-                headers[key] = value
+        incoming = call.headers
+        for key in _relayed(tuple(incoming)):
+            headers[key] = incoming[key]
         if self._forwarded:
             for source, target in self._forwarded:
                 value = call.headers.get(source)

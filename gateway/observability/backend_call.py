@@ -163,7 +163,7 @@ class BackendCall:
             if whole:
                 histograms.append(metrics.backend_seconds_child(self.backend.name, self.method))
             children = _children[key] = (
-                loop_metrics.Event(counters, histograms),
+                loop_metrics.event(counters, histograms),
                 otel_metrics.attributes(self.method, error, self.tool, call.version, transport, address),
             )
         if seconds is None:

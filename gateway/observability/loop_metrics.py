@@ -35,55 +35,107 @@ V = TypeVar("V")
 
 
 class CounterValue:
-    __slots__ = ("value",)
+    """A counter: its own increments (`inc`) plus the events that feed it (`Event`), summed when
+    read (`value`: at scrape time, not per update)."""
+
+    __slots__ = ("own", "events")
 
     def __init__(self) -> None:
-        self.value = 0.0
+        self.own = 0.0
+        self.events: list[Event] = []
 
     def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
+        self.own += amount
+
+    @property
+    def value(self) -> float:
+        return self.own + sum(sum(event.counts) for event in self.events)
 
 
 class GaugeValue(CounterValue):
     __slots__ = ()
 
     def dec(self, amount: float = 1.0) -> None:
-        self.value -= amount
+        self.own -= amount
 
 
 class HistogramValue:
+    """A histogram: its own observations (`observe`) plus those of the events that feed it,
+    each event's finer buckets folded into this one's when read (`counts`, `sum`)."""
+
+    __slots__ = ("bounds", "own_counts", "own_sum", "sources")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.own_counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.own_sum = 0.0
+        # (event, for each of the event's buckets the index of this histogram's bucket it is in)
+        self.sources: list[tuple[Event, tuple[int, ...]]] = []
+
+    def observe(self, value: float) -> None:
+        # `le` buckets: a value equal to a bound belongs to that bound's bucket.
+        self.own_counts[bisect_left(self.bounds, value)] += 1
+        self.own_sum += value
+
+    @property
+    def counts(self) -> list[int]:
+        counts = self.own_counts[:]
+        for event, into in self.sources:
+            for i, count in enumerate(event.counts):
+                counts[into[i]] += count
+        return counts
+
+    @property
+    def sum(self) -> float:
+        return self.own_sum + sum(event.sum for event, _ in self.sources)
+
+
+class Event:
+    """One kind of event with its labels fixed (a request of one method, era, status and code;
+    a backend call of one backend, method and outcome), feeding several counters and histograms
+    at once: a request's counter and its two duration histograms, a backend call's two
+    counters and two histograms. Per event it keeps one count and one duration, in the union of
+    the buckets of every histogram it feeds; the families read it when scraped (each counter
+    its count, each histogram its buckets folded into the histogram's own). So `add` is one
+    bucket search, one increment and one addition however many values the event feeds, where
+    an `inc`/`observe` per value was a Python call and a search per histogram on every request
+    (bench/README.md "Observability"). The folding is exact: every histogram's bounds are
+    bounds of the union, so an event's bucket lies wholly inside one bucket of each histogram.
+
+    Made by `event()`, once per set of children: an Event is never dropped (its counts are part
+    of every counter it feeds), and the label sets are bounded, so neither are Events."""
+
     __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
 
-    def observe(self, value: float) -> None:
-        # `le` buckets: a value equal to a bound belongs to that bound's bucket.
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-
-class Event:
-    """The counters and histograms that one event updates together (a request: its count and
-    its two duration histograms): one call per event instead of one `inc`/`observe` per value,
-    each a Python call the hot path paid for (bench/README.md "Observability"). The updates are
-    `CounterValue.inc()` and `HistogramValue.observe()` written out, here beside them
-    (tests/unit/test_observability_loop_metrics.py holds them to the same results)."""
-
-    __slots__ = ("counters", "histograms")
-
-    def __init__(self, counters: Sequence[CounterValue] = (), histograms: Sequence[HistogramValue] = ()) -> None:
-        self.counters = tuple(counters)
-        self.histograms = tuple(histograms)
-
     def add(self, seconds: float) -> None:
-        for counter in self.counters:
-            counter.value += 1.0
-        for histogram in self.histograms:
-            histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
-            histogram.sum += seconds
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+
+_events: dict[tuple[tuple[CounterValue, ...], tuple[HistogramValue, ...]], Event] = {}
+
+
+def event(counters: Sequence[CounterValue] = (), histograms: Sequence[HistogramValue] = ()) -> Event:
+    """The Event that feeds these counters and histograms (children of loop-owned families), made
+    and attached to them the first time (children hash by identity: the families keep them)."""
+    key = (tuple(counters), tuple(histograms))
+    found = _events.get(key)
+    if found is None:
+        bounds = tuple(sorted({bound for histogram in histograms for bound in histogram.bounds}))
+        found = _events[key] = Event(bounds)
+        for counter in counters:
+            counter.events.append(found)
+        for histogram in histograms:
+            # An event bucket [previous bound, bound] lies in the histogram's first bucket whose
+            # bound is at least `bound` (+Inf: the last).
+            into = tuple(bisect_left(histogram.bounds, bound) for bound in (*bounds, float("inf")))
+            histogram.sources.append((found, into))
+    return found
 
 
 class _Family(Generic[V]):
@@ -160,7 +212,7 @@ class LoopMetricsCollector(Collector):
                 labels = list(values)
                 if isinstance(child, HistogramValue):
                     cumulative, buckets = 0, []
-                    for bound, count in zip((*child.bounds, float("inf")), child.counts):
+                    for bound, count in zip((*child.bounds, float("inf")), child.counts, strict=True):
                         cumulative += count
                         buckets.append((floatToGoString(bound), cumulative))
                     out.add_metric(labels, buckets, child.sum)

@@ -139,7 +139,7 @@ class RequestTelemetry:
         if children is None:
             error = {metrics.OK: "", metrics.OTHER: "_OTHER", metrics.NONE: str(record.status)}.get(code, code)
             children = self._children[key] = (
-                loop_metrics.Event([metrics.requests_child(method, record.era, metrics.status_label(record.status), code)],
+                loop_metrics.event([metrics.requests_child(method, record.era, metrics.status_label(record.status), code)],
                                    [metrics.request_seconds_child(method, record.era),
                                     metrics.SERVER_OPERATION.labels(method, error, tool, version, "tcp")]),
                 otel_metrics.attributes(method, error, tool, version, "tcp"),

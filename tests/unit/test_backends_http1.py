@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway.backends import http1
 from gateway.backends.errors import ConnectError, ConnectTimeout
 from gateway.backends.http1 import _HIGH_WATER, Http1Client, UpstreamConnectionError
 from gateway.protocol import jsonrpc as rpc
@@ -609,3 +610,29 @@ async def test_closing_a_stream_wakes_the_task_that_reads_it() -> None:
         with pytest.raises(UpstreamConnectionError, match="closed before it was complete"):
             await asyncio.wait_for(reading, 2)
         await client.aclose()
+
+
+def _serialized_header_by_header(head: bytes, headers: dict[str, str], body: bytes | None) -> bytes:
+    """The request as the header-by-header loop wrote it, before `_serialize` joined first."""
+    lines = []
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"header {name!r} has a line break in its value")
+        lines.append(f"{name}: {value}\r\n")
+    if body is None:
+        return head + ("".join(lines) + "\r\n").encode("latin-1")
+    return head + ("".join(lines) + f"content-length: {len(body)}\r\n\r\n").encode("latin-1") + body
+
+
+@pytest.mark.parametrize("body", [b'{"jsonrpc":"2.0"}', b"", None])
+def test_serialize_writes_what_a_check_per_header_wrote_and_finds_every_line_break(body: bytes | None) -> None:
+    head = b"POST /mcp HTTP/1.1\r\nhost: b\r\n"
+    plain = {"content-type": "application/json", "mcp-name": "caf\u00e9", "x-request-id": "abc", "empty": ""}
+    assert http1._serialize(head, plain, body) == _serialized_header_by_header(head, plain, body)
+    assert http1._serialize(head, {}, body) == _serialized_header_by_header(head, {}, body)
+    for broken in ("a\rb", "a\nb", "\r\n", "a\r\n\r\nx", "\n"):
+        for headers in ({**plain, "mcp-param-x": broken}, {**plain, f"x{broken}": "v"}):
+            with pytest.raises(ValueError, match="line break") as caught:
+                http1._serialize(head, headers, body)
+            bad = next(n for n in headers if n.startswith("mcp-param-x") or "\r" in n or "\n" in n)
+            assert repr(bad) in str(caught.value)

@@ -64,21 +64,57 @@ def test_wrong_label_count_and_unsorted_buckets_are_refused():
 
 
 def test_an_event_updates_its_values_as_inc_and_observe_would():
-    """`Event.add` writes out `inc()` and `observe()`: the same counts, sums and buckets, a value on
-    a bucket's bound included (`le`), for every value of a sweep across and past the buckets."""
+    """An Event's count and its buckets (the union of its histograms') read through each family it
+    feeds are what one `inc()` and one `observe()` per value would have written: the same counts,
+    sums and buckets, a value on any histogram's bound included (`le`), for every value of a
+    sweep across and past the buckets, with the families' own updates added alongside."""
     bounds = (0.0001, 0.001, 0.01, 1, 60)
     one_by_one = loop_metrics.Histogram("one_seconds", "d", ["k"], buckets=bounds)
     together = loop_metrics.Histogram("two_seconds", "d", ["k"], buckets=bounds)
-    second = loop_metrics.Histogram("three_seconds", "d", ["k"], buckets=(0.5, 2))
+    second = loop_metrics.Histogram("three_seconds", "d", ["k"], buckets=(0.0005, 0.5, 2))
+    second_one_by_one = loop_metrics.Histogram("four_seconds", "d", ["k"], buckets=(0.0005, 0.5, 2))
     counted, counted_too = loop_metrics.Counter("one_total", "d", ["k"]), loop_metrics.Counter("two_total", "d", ["k"])
-    event = loop_metrics.Event([counted_too.labels("a")], [together.labels("a"), second.labels("a")])
-    values = [0.0, 0.00005, 0.0001, 0.00099, 0.001, 0.5, 1.0, 59.9, 60.0, 61.0, 1e9, *bounds]
+    event = loop_metrics.event([counted_too.labels("a")], [together.labels("a"), second.labels("a")])
+    assert loop_metrics.event([counted_too.labels("a")], [together.labels("a"), second.labels("a")]) is event
+    assert event.bounds == (0.0001, 0.0005, 0.001, 0.01, 0.5, 1, 2, 60)
+    values = [0.0, 0.00005, 0.0001, 0.0005, 0.00099, 0.001, 0.5, 1.0, 2.0, 59.9, 60.0, 61.0, 1e9, *bounds]
     for value in values:
         counted.labels("a").inc()
         one_by_one.labels("a").observe(value)
+        second_one_by_one.labels("a").observe(value)
         event.add(value)
+    # A child fed by an event still counts its own updates (a stream's first byte, say).
+    for child in (together.labels("a"), one_by_one.labels("a")):
+        child.observe(0.003)
+    counted_too.labels("a").inc(2), counted.labels("a").inc(2)
     expected, got = one_by_one.labels("a"), together.labels("a")
     assert (got.counts, got.sum) == (expected.counts, expected.sum)
-    assert counted_too.labels("a").value == counted.labels("a").value == len(values)
-    assert second.labels("a").counts == [sum(v <= 0.5 for v in values), sum(0.5 < v <= 2 for v in values),
-                                         sum(v > 2 for v in values)]
+    assert counted_too.labels("a").value == counted.labels("a").value == len(values) + 2
+    assert (second.labels("a").counts, second.labels("a").sum) == (second_one_by_one.labels("a").counts,
+                                                                   second_one_by_one.labels("a").sum)
+    assert second.labels("a").counts == [sum(v <= 0.0005 for v in values), sum(0.0005 < v <= 0.5 for v in values),
+                                         sum(0.5 < v <= 2 for v in values), sum(v > 2 for v in values)]
+
+
+def test_families_fed_by_events_expose_what_prometheus_client_would():
+    """Through the registry: two events feeding one counter child and one histogram child (a
+    request counted by two outcomes' events) expose the sums of both, as prometheus_client's
+    own metrics updated value by value."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    counter = loop_metrics.Counter("e_requests_total", "Requests.", ["method"])
+    histogram = loop_metrics.Histogram("e_seconds", "Seconds.", ["method"], buckets=BUCKETS)
+    other = loop_metrics.Histogram("e_other_seconds", "Seconds.", ["method"], buckets=(0.005, 0.05))
+    loop_metrics.register([counter, histogram, other], registry=ours)
+    ref_counter = prometheus_client.Counter("e_requests_total", "Requests.", ["method"], registry=theirs)
+    ref_histogram = prometheus_client.Histogram("e_seconds", "Seconds.", ["method"], buckets=BUCKETS, registry=theirs)
+    ref_other = prometheus_client.Histogram("e_other_seconds", "Seconds.", ["method"], buckets=(0.005, 0.05),
+                                            registry=theirs)
+    ok = loop_metrics.event([counter.labels("call")], [histogram.labels("call"), other.labels("call")])
+    failed = loop_metrics.event([counter.labels("call")], [histogram.labels("call")])
+    for i, value in enumerate(OBSERVED * 3):
+        (ok if i % 2 else failed).add(value)
+        ref_counter.labels("call").inc()
+        ref_histogram.labels("call").observe(value)
+        if i % 2:
+            ref_other.labels("call").observe(value)
+    assert _text(ours) == _text(theirs)

@@ -178,3 +178,13 @@ async def _response(app, headers):
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw.example") as client:
         return await client.get("/mcp", headers=headers)
+
+
+def test_the_header_limit_counts_every_name_and_value_byte():
+    """At the limit exactly: admitted; one byte over, in a name or in a value: 431."""
+    limits = RequestLimits(None, max_body_bytes=100, max_header_bytes=40)  # type: ignore[arg-type]
+    at_limit = [(b"host", b"gw"), (b"x-a", b"1" * 20), (b"x-bb", b"2" * 7)]  # 4+2 + 3+20 + 4+7 = 40
+    assert limits.admit({"headers": at_limit}) is None
+    for over in ([*at_limit[:2], (b"x-bbb", b"2" * 7)], [*at_limit[:2], (b"x-bb", b"2" * 8)]):
+        refused = limits.admit({"headers": over})
+        assert refused is not None and refused.status == 431
