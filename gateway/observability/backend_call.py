@@ -70,7 +70,8 @@ class BackendCall:
 
     def __init__(self, backend: Any, call: Any, tool: str = "") -> None:
         self.backend = backend
-        self.method = metrics.method_label(call.method)
+        method = call.method
+        self.method = method if method in metrics.METHOD_LABELS else metrics.OTHER  # metrics.method_label, inline
         self.tool = tool
         self.span = None
         self.token = None
@@ -99,7 +100,7 @@ class BackendCall:
         A whole answer is complete at the moment it starts: one clock read, and its time to
         the first byte and its duration observed together (`_end`, `whole`)."""
         seconds = time.perf_counter() - self.started
-        if self.token is not None or self.sending is not None:
+        if self.sending is not None:  # traced and not detached yet (a token implies it)
             self._detach()
         if message is not None:
             self.complete(message, seconds)
@@ -115,18 +116,15 @@ class BackendCall:
         `sent` for a whole answer (its first byte not observed yet), None at a stream's end."""
         if self.done:
             return
-        code: int | None = None
-        tool_error = False
         error = message.get("error") if isinstance(message, dict) else None
         if isinstance(error, dict):
             code = error.get("code") if type(error.get("code")) is int else rpc.INTERNAL_ERROR
-            outcome, label = "error", metrics.code_label(code)
+            self._end("error", metrics.code_label(code), code, error.get("message"), False, seconds)
+        elif isinstance(message, dict) and isinstance(result := message.get("result"), dict) and (
+                result.get("isError") is True):
+            self._end(metrics.TOOL_ERROR, metrics.TOOL_ERROR, None, None, True, seconds)
         else:
-            result = message.get("result") if isinstance(message, dict) else None
-            tool_error = isinstance(result, dict) and result.get("isError") is True
-            outcome = label = metrics.TOOL_ERROR if tool_error else metrics.OK
-        self._end(outcome, label, code, error.get("message") if isinstance(error, dict) else None, tool_error,
-                  seconds)
+            self._end(metrics.OK, metrics.OK, None, None, False, seconds)
 
     def failed(self, exc: rpc.McpError) -> None:
         """The gateway made the error (unreachable, timeout, protocol violation)."""
@@ -146,11 +144,10 @@ class BackendCall:
         """The call's counters and duration; `seconds` given: a whole answer, whose time to the
         first byte is these same seconds, observed by the same Event."""
         self.done = True
-        call = self.call
-        whole = seconds is not None
-        key = (self.backend.name, self.method, outcome, label, call.version, self.tool, whole)
+        key = (self.backend.name, self.method, outcome, label, self.call.version, self.tool, seconds is not None)
         children = _children.get(key)
         if children is None:
+            call, whole = self.call, seconds is not None
             transport, address = _peer(self.backend)
             error = "" if label == metrics.OK else "_OTHER" if label == metrics.OTHER else label
             if outcome == "cancelled":

@@ -51,15 +51,22 @@ def _timestamp(created: float) -> str:
     return text
 
 
-# The start of an access line up to its request id: the constant fields and the time, encoded
-# once per millisecond (as `_timestamp`) rather than joined per line.
+# The start of an access line up to its request id: the constant fields and the time. Its
+# date and time up to the second are encoded once per second; the milliseconds and the rest
+# once per millisecond (`_new_access_head`), rather than joined per line.
 _ACCESS_HEAD = b'{"level":"info","logger":"gateway.access","message":"mcp request","time":"'
 _last_head: list[Any] = [-1, b""]  # the millisecond of the last line, and its start
+_head_second: list[Any] = [-1, b""]  # the second of the last line, and its start to the "."
 
 
-def _new_access_head(now: float, ms: int) -> bytes:
-    """The start of the lines of millisecond `ms` (`now` truncated), made once for all of them."""
-    _last_head[0], _last_head[1] = ms, b'%s%s","request_id":"' % (_ACCESS_HEAD, _timestamp(now).encode())
+def _new_access_head(ms: int) -> bytes:
+    """The start of the lines of millisecond `ms` (since the epoch), made once for all of them:
+    the time as `_timestamp` writes it (ISO 8601 UTC, milliseconds truncated)."""
+    second = ms // 1000
+    if second != _head_second[0]:
+        _head_second[0] = second
+        _head_second[1] = b"%s%s." % (_ACCESS_HEAD, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode())
+    _last_head[0], _last_head[1] = ms, b'%s%03dZ","request_id":"' % (_head_second[1], ms % 1000)
     return _last_head[1]
 
 
@@ -197,15 +204,19 @@ class AccessLog:
         return (self.sample >= 1.0 or record.status >= 400 or record.code is not None or record.tool_error
                 or random.random() < self.sample)
 
-    def _log_sampled(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
+    def _log_sampled(self, record: RequestRecord, seconds: float, trace_id: str | None,
+                     shape: tuple[bytes, ...] | None = None) -> None:
         if (record.status < 400 and record.code is None and not record.tool_error
                 and random.random() >= self.sample):
             return  # sampled out, before anything is built
-        self._log_all(record, seconds, trace_id)
+        self._log_all(record, seconds, trace_id, shape)
 
-    def _log_all(self, record: RequestRecord, seconds: float, trace_id: str | None) -> None:
+    def _log_all(self, record: RequestRecord, seconds: float, trace_id: str | None,
+                 shape: tuple[bytes, ...] | None = None) -> None:
+        """`shape`: the record's `shape_of`, when the caller keeps it already (RequestTelemetry
+        does, with the record's metric children: one lookup per request for both)."""
         pending = self._pending
-        pending.append(self._encode(record, seconds, trace_id))
+        pending.append(self._encode(record, seconds, trace_id, shape))
         if len(pending) >= _FLUSH_LINES:
             self.flush()
         elif not self._scheduled:
@@ -215,13 +226,8 @@ class AccessLog:
             except RuntimeError:
                 self.flush()
 
-    def _json_line(self, record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
-        """The line, field for field what `orjson.dumps` of the record's fields would write
-        (tests/unit/test_access_line.py holds it to that): its start cached per millisecond,
-        its shape per combination of bounded values (`_shape`), and per line one join of the
-        rest. The request id needs no JSON escaping: `request_id_from` admits only
-        `A-Za-z0-9._:/+=-` and generates hex. The name and the subject come from the request
-        and are escaped by orjson."""
+    def shape_of(self, record: RequestRecord) -> tuple[bytes, ...]:
+        """The encoded bounded fields of the record's line (`_shape`), kept per combination."""
         code = record.code
         key = (record.method, record.backend, record.status,
                code if code is not None else "tool_error" if record.tool_error else None, record.cache, record.era)
@@ -230,19 +236,31 @@ class AccessLog:
             shape = _shape(*key)
             if len(self._shapes) < _MAX_SHAPES:
                 self._shapes[key] = shape
-        now = time.time()
-        ms = int(now * 1000)
+        return shape
+
+    def _json_line(self, record: RequestRecord, seconds: float, trace_id: str | None,
+                   shape: tuple[bytes, ...] | None = None) -> bytes:
+        """The line, field for field what `orjson.dumps` of the record's fields would write
+        (tests/unit/test_access_line.py holds it to that): its start cached per millisecond,
+        its shape per combination of bounded values (`shape_of`), and per line one join of the
+        rest. The request id needs no JSON escaping: `request_id_from` admits only
+        `A-Za-z0-9._:/+=-` and generates hex. The name and the subject come from the request
+        and are escaped by orjson."""
+        if shape is None:
+            shape = self.shape_of(record)
+        ms = int(time.time() * 1000)
         name, subject = record.name, record.subject
         return b"".join((
-            _last_head[1] if ms == _last_head[0] else _new_access_head(now, ms),
+            _last_head[1] if ms == _last_head[0] else _new_access_head(ms),
             record.request_id.encode(),
             shape[0] if trace_id is None else b'","trace_id":"%s"%s' % (trace_id.encode(), shape[1]),
             _NULL if name is None else _dumps(name),
             shape[2], _dumps(seconds * 1000.0),
             shape[3] if subject is None else b"%s%s%s" % (shape[4], _dumps(subject), shape[5])))
 
-    def _text_line(self, record: RequestRecord, seconds: float, trace_id: str | None) -> bytes:
-        fields = orjson.loads(self._json_line(record, seconds, trace_id))
+    def _text_line(self, record: RequestRecord, seconds: float, trace_id: str | None,
+                   shape: tuple[bytes, ...] | None = None) -> bytes:
+        fields = orjson.loads(self._json_line(record, seconds, trace_id, shape))
         return (" ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in ("level", "logger"))
                 + "\n").encode()
 

@@ -40,7 +40,7 @@ MCP_OPERATION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 1
 CLIENT_METHODS = (*METHODS, "initialize", "ping", "logging/setLevel", "resources/subscribe",
                   "resources/unsubscribe", "notifications/initialized", "notifications/cancelled",
                   "notifications/roots/list_changed")
-_METHOD_LABELS = frozenset(CLIENT_METHODS)
+METHOD_LABELS = frozenset(CLIENT_METHODS)
 # The JSON-RPC codes a label may carry: the protocol's and the gateway's own. A backend's code
 # outside this set is "other": backends are not trusted to keep the label set bounded.
 _KNOWN_CODES = {code: str(code) for code in (
@@ -118,7 +118,7 @@ in_flight = IN_FLIGHT.labels()
 
 
 def method_label(method: str | None) -> str:
-    return method if method in _METHOD_LABELS else OTHER  # type: ignore[return-value]
+    return method if method in METHOD_LABELS else OTHER  # type: ignore[return-value]
 
 
 def status_label(status: int) -> str:

@@ -98,3 +98,22 @@ def test_client_request_ids_that_would_need_escaping_are_never_taken():
         assert taken != bad and orjson.dumps(taken) == b'"%s"' % taken.encode()
     allowed = "".join(chr(c) for c in range(128) if request_id_from(chr(c)) == chr(c))
     assert orjson.dumps(allowed) == b'"%s"' % allowed.encode() and len(allowed) == 62 + len("._:/+=-")
+
+
+def test_lines_written_through_the_end_of_a_request_are_the_same(log, frozen_clock, monkeypatch):
+    """RequestTelemetry keeps each line's shape with the record's metric children (one lookup
+    for both): the lines it has written are the reference's, remembered or past the limit."""
+    from gateway.observability import middleware
+    from gateway.observability.middleware import RequestTelemetry
+
+    monkeypatch.setattr(time, "perf_counter", lambda: 2.5)  # every request took 2.5 s
+    for limit in (middleware._MAX_RECORD_KEYS, 7):
+        monkeypatch.setattr(middleware, "_MAX_RECORD_KEYS", limit)
+        telemetry = RequestTelemetry(None, path="/mcp", access_log=log)  # type: ignore[arg-type]
+        log._scheduled = True  # lines held, not written (no loop runs here to flush them)
+        for _ in range(2):  # the second time from the remembered shapes
+            for record, _seconds, _trace in records():
+                log._pending.clear()
+                telemetry._finish(record, {}, {})
+                assert log._pending == [reference(record, 2.5, None, frozen_clock)], record.__dict__
+        assert len(telemetry._by_record) == min(limit, 720)

@@ -59,7 +59,7 @@ def test_remembered_children_are_the_ones_the_labels_name(monkeypatch, limit):
 
 def test_raw_values_do_not_grow_the_label_map():
     telemetry = RequestTelemetry(None, path="/mcp")  # type: ignore[arg-type]
-    for i in range(3000):
+    for i in range(middleware._MAX_RECORD_KEYS + 1000):
         record = RequestRecord("rid", 0.0, "legacy", {})
         record.method, record.status, record.version, record.code = f"m{i}", 200, f"v{i}", 100_000 + i
         telemetry._finish(record, {}, {})
