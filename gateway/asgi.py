@@ -18,6 +18,22 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
+class _Names(dict[bytes, str]):
+    """Raw header name → its lower-case text, decoded on first sight: clients send the same
+    few names on every request. Names are the client's, so at most `_MAX_NAMES` are kept;
+    past it a new name is decoded each time it comes."""
+
+    def __missing__(self, name: bytes) -> str:
+        text = name.decode("latin-1").lower()
+        if len(self) < _MAX_NAMES:
+            self[name] = text
+        return text
+
+
+_MAX_NAMES = 1024
+_names = _Names()
+
+
 def header_dict(scope: Scope) -> dict[str, str]:
     """Request headers with lower-case names and trimmed values (OWS is not part of a field
     value, RFC 9110 §5.5). Repeated field lines are combined with ", " as RFC 9110 §5.3 says,
@@ -29,12 +45,13 @@ def header_dict(scope: Scope) -> dict[str, str]:
     # One comprehension for the common case, every name once (a third of the loop's cost per
     # header: bench/README.md "The ≤ 5 µs budget, the whole request"); a name repeated shows as
     # fewer keys than lines, and the lines are then combined in order.
-    out = {name.decode("latin-1").lower(): value.decode("latin-1").strip(" \t") for name, value in raw}
+    names = _names
+    out = {names[name]: value.decode("latin-1").strip(" \t") for name, value in raw}
     if len(out) == len(raw):
         return out
     out = {}
     for name, value in raw:
-        key = name.decode("latin-1").lower()
+        key = names[name]
         text = value.decode("latin-1").strip(" \t")
         out[key] = text if key not in out else f"{out[key]}, {text}"
     return out
