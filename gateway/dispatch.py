@@ -164,7 +164,7 @@ class Dispatcher:
         if principal is not None and getattr(principal, "authenticated", False):
             record.subject = principal.subject
         token = None
-        if tracing.enabled() and record.span is None:
+        if tracing._tracer is not None and record.span is None:  # tracing.enabled(), inline
             if record.era == "modern":
                 record.meta = call.meta
             # Current while this call's work runs here (its CLIENT and INTERNAL spans are its

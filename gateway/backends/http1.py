@@ -733,7 +733,7 @@ def _serialize(head: bytes, headers: Mapping[str, str], body: bytes | None) -> b
         raise ValueError(f"header {name!r} has a line break in its value")
     if body is None:  # GET, DELETE: no body, so no Content-Length (RFC 9110 §8.6)
         return head + f"{text}\r\n".encode("latin-1")
-    return b"%s%scontent-length: %d\r\n\r\n%s" % (head, text.encode("latin-1"), len(body), body)
+    return b"".join((head, f"{text}content-length: {len(body)}\r\n\r\n".encode("latin-1"), body))
 
 
 def for_backend(settings: BackendSettings, ssl_context: ssl.SSLContext | None, *,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import time
+from bisect import bisect_left
 from typing import Any
 
 from gateway.observability import loop_metrics, metrics, otel_metrics, tracing
@@ -165,7 +166,9 @@ class BackendCall:
             )
         if seconds is None:
             seconds = time.perf_counter() - self.started
-        children[0].add(seconds)  # the call's and the tool's counters, its duration (and first byte)
+        event = children[0]  # the call's and the tool's counters, its duration (and first byte): Event.add, inline
+        event.counts[bisect_left(event.bounds, seconds)] += 1
+        event.sum += seconds
         if otel_metrics.client_duration is not None:
             otel_metrics.client_duration.record(seconds, children[1])
         if self.span is not None:

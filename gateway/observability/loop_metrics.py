@@ -113,6 +113,9 @@ class Event:
         self.sum = 0.0
 
     def add(self, seconds: float) -> None:
+        # Written out where a request ends (middleware.py `_finish`) and a backend call ends
+        # (backend_call.py `_end`), to save a call on every request; tests/unit/
+        # test_request_series.py and test_backend_call.py hold those to the buckets this writes.
         self.counts[bisect_left(self.bounds, seconds)] += 1
         self.sum += seconds
 

@@ -12,6 +12,7 @@ the method, name and id come from their body (`_peek`), which costs them one mor
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable
 from typing import Any
 
@@ -20,7 +21,8 @@ import orjson
 from gateway import asgi
 from gateway.observability import loop_metrics, metrics, otel_metrics, tracing
 from gateway.observability.logs import AccessLog
-from gateway.observability.record import CURRENT, RequestRecord, request_id_from
+from gateway.observability.metrics import METHOD_LABELS
+from gateway.observability.record import CURRENT, RequestRecord, new_request_id, request_id_from
 
 # Error answers are decoded for their JSON-RPC code only when small (they always are).
 _MAX_ERROR_BODY = 64 * 1024
@@ -55,10 +57,12 @@ class RequestTelemetry:
             return
         headers = asgi.request_headers(scope)
         header_method = headers.get("mcp-method")
-        record = RequestRecord(request_id_from(headers.get("x-request-id")), time.perf_counter(),
+        given_id = headers.get("x-request-id")
+        record = RequestRecord(new_request_id() if given_id is None else request_id_from(given_id), time.perf_counter(),
                                "modern" if header_method is not None else "legacy", scope)
         if header_method is not None:
-            record.method = metrics.method_label(header_method)
+            # metrics.method_label, inline (once per request)
+            record.method = header_method if header_method in METHOD_LABELS else metrics.OTHER
         else:
             if scope["path"] not in self.mcp_paths:
                 record.transport = "sse"
@@ -110,7 +114,9 @@ class RequestTelemetry:
                 found = (*found, self.access_log.shape_of(record))
             if len(self._by_record) < _MAX_RECORD_KEYS:
                 self._by_record[key] = found
-        found[0].add(seconds)  # the request counter and both duration histograms
+        event = found[0]  # the request counter and both duration histograms: Event.add, inline
+        event.counts[bisect_left(event.bounds, seconds)] += 1
+        event.sum += seconds
         if otel_metrics.server_duration is not None:
             otel_metrics.server_duration.record(seconds, found[1])
         if record.era == "legacy" and record.translation is None:

@@ -25,11 +25,16 @@ _PREFIX = os.urandom(6).hex()
 _counter = count(1)
 
 
+def new_request_id() -> str:
+    return f"{_PREFIX}-{next(_counter):x}"
+
+
 def request_id_from(header: str | None) -> str:
+    """The client's id when it is short and plain, else a new one."""
     if header is not None and len(header) <= MAX_REQUEST_ID and header.isascii() and (
             header.isalnum() or _REQUEST_ID.fullmatch(header)):
         return header
-    return f"{_PREFIX}-{next(_counter):x}"
+    return new_request_id()
 
 
 class RequestRecord:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from gateway.observability import metrics
 from gateway.observability.backend_call import BackendCall
 from gateway.protocol import jsonrpc as rpc
@@ -57,3 +59,22 @@ def test_a_whole_error_answer_and_a_gateway_failure_are_counted_by_their_code():
     label = metrics.code_label(rpc.BACKEND_TIMEOUT)
     calls, tools, (first, _), (duration, _) = _values("bc-failed", "timeout", label, label)
     assert (calls, tools, sum(first), sum(duration)) == (1, 1, 0, 1)  # no answer: no first byte
+
+
+def test_a_whole_answer_lands_in_the_buckets_observe_would_put_it_in(monkeypatch):
+    """The end of a backend call writes its Event inline: each histogram moves by one in the
+    bucket `observe` would have chosen, a value on a bound included."""
+    import gateway.observability.backend_call as backend_call
+    from gateway.observability import loop_metrics
+
+    for n, seconds in enumerate([0.0, 0.0001, 0.01, 0.0123, 60.0, 61.0]):
+        backend = f"bc-buckets-{n}"
+        clock = iter([0.0, seconds])
+        monkeypatch.setattr(backend_call.time, "perf_counter", lambda: next(clock))
+        BackendCall(_backend(backend), SimpleNamespace(method="tools/call", version=VERSION), backend).sent(ANSWER)
+        first = metrics.BACKEND_SECONDS.labels(backend, "tools/call")
+        duration = metrics.CLIENT_OPERATION.labels("tools/call", "", backend, VERSION, "tcp", "127.0.0.1")
+        for child in (first, duration):
+            expected = loop_metrics.HistogramValue(child.bounds)
+            expected.observe(seconds)
+            assert child.counts == expected.counts and child.sum == pytest.approx(seconds)

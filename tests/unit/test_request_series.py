@@ -65,3 +65,26 @@ def test_raw_values_do_not_grow_the_label_map():
         telemetry._finish(record, {}, {})
     assert len(telemetry._by_record) == middleware._MAX_RECORD_KEYS
     assert len(telemetry._children) == 1  # other, legacy, 200, other code, other version
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.0001, 0.00010001, 0.01, 0.0123, 60.0, 61.0])
+def test_a_request_lands_in_the_buckets_observe_would_put_it_in(monkeypatch, seconds):
+    """The end of a request writes its Event inline: each histogram it feeds moves by one in
+    the bucket `observe` would have chosen (a value on a bound included), and its counter by one."""
+    from gateway.observability import loop_metrics
+
+    telemetry = RequestTelemetry(None, path="/mcp")  # type: ignore[arg-type]
+    record = RequestRecord("rid", 0.0, "modern", {})
+    record.method, record.status, record.version = "tools/list", 200, "2026-07-28"
+    monkeypatch.setattr(middleware.time, "perf_counter", lambda: seconds)
+    children = [metrics.REQUEST_SECONDS.labels("tools/list", "modern"),
+                metrics.SERVER_OPERATION.labels("tools/list", "", "", "2026-07-28", "tcp")]
+    counter = metrics.REQUESTS.labels("tools/list", "modern", "2xx", metrics.OK)
+    before = [(child.counts, child.sum) for child in children], counter.value
+    telemetry._finish(record, {}, {})
+    for child, (counts, total) in zip(children, before[0], strict=True):
+        expected = loop_metrics.HistogramValue(child.bounds)
+        expected.observe(seconds)
+        assert [a - b for a, b in zip(child.counts, counts, strict=True)] == expected.counts
+        assert child.sum - total == pytest.approx(seconds, abs=1e-6)  # onto sums other tests left
+    assert counter.value == before[1] + 1
