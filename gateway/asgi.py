@@ -31,7 +31,8 @@ class _Names(dict[bytes, str]):
 
 
 _MAX_NAMES = 1024
-_names = _Names()
+# Shared by the request's headers (`header_dict`) and a backend's answer's (backends/http1.py).
+header_names = _Names()
 
 
 def header_dict(scope: Scope) -> dict[str, str]:
@@ -45,7 +46,7 @@ def header_dict(scope: Scope) -> dict[str, str]:
     # One comprehension for the common case, every name once (a third of the loop's cost per
     # header: bench/README.md "The ≤ 5 µs budget, the whole request"); a name repeated shows as
     # fewer keys than lines, and the lines are then combined in order.
-    names = _names
+    names = header_names
     out = {names[name]: value.decode("latin-1").strip(" \t") for name, value in raw}
     if len(out) == len(raw):
         return out

@@ -25,7 +25,7 @@ from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
 from gateway.deadlines import within
 from gateway.observability import tracing
-from gateway.observability.backend_call import BackendCall
+from gateway.observability.backend_call import BackendCall, answered
 from gateway.observability.record import CURRENT, RequestRecord, note_authorization
 from gateway.policies.authorization import DECIDED_METHODS, USE_OF_LIST, Plan, RuleSet, call_target
 from gateway.policies.ratelimit import LimitPlan, RateLimits
@@ -655,11 +655,14 @@ class Dispatcher:
 
     # -- forwarding -----------------------------------------------------------------------
 
-    async def _send(self, target: Target, call: Call) -> tuple[Reply, BackendCall]:
+    async def _send(self, target: Target, call: Call) -> tuple[Reply, BackendCall | None]:
         """backend.send, measured, traced and guarded by the backend's remembered health and its
         concurrency bound: the one place every upstream call passes, for every backend kind
         (observability/backend_call.py, docs/resilience.md). The measure runs until the answer
-        is complete: `_final` and `_forward` end it."""
+        is complete: `_final` and `_forward` end it. Traced, a BackendCall holds the call's
+        CLIENT spans from the start; untraced, only the clock is read here and the object is
+        made when the answer is a stream, or the call fails: a whole answer is counted without
+        one (`answered`), and no BackendCall is handed back."""
         backend = target.backend
         health = backend.health
         if health.ejected:
@@ -670,26 +673,29 @@ class Dispatcher:
             await limiter.acquire(call.id)
             slot = Slot(limiter)
         record = CURRENT.get()
-        probe = BackendCall(backend, call, record.tool_label or "" if record is not None else "")
+        tool = record.tool_label or "" if record is not None else ""
+        probe = BackendCall(backend, call, tool) if tracing._tracer is not None else None
+        started = time.perf_counter()
+        sending = call if probe is None else probe.call  # traced: with the span's context
         backend.retry_budget.deposit()
         try:
             try:
-                reply = await backend.send(probe.call)
+                reply = await backend.send(sending)
             except rpc.McpError as exc:
                 # The first attempt is sent here, the rest (if any) by retry.py.
-                reply = await retry_after(backend, probe.call, health.failed, error=exc)
+                reply = await retry_after(backend, sending, health.failed, error=exc)
             else:
                 if reply.status >= 500:
-                    reply = await retry_after(backend, probe.call, health.failed, reply=reply)
+                    reply = await retry_after(backend, sending, health.failed, reply=reply)
         except rpc.McpError as exc:
             if slot is not None:
                 slot.release()
-            probe.failed(exc)
+            (probe or BackendCall(backend, call, tool, started)).failed(exc)
             raise
         except BaseException:
             if slot is not None:
                 slot.release()
-            probe.abandoned()
+            (probe or BackendCall(backend, call, tool, started)).abandoned()
             raise
         if reply.status < 500:
             health.succeeded()
@@ -697,6 +703,11 @@ class Dispatcher:
             _hold_until_done(reply, slot)
         if record is not None and record.backend is None:
             record.backend = backend.name
+        if probe is None:
+            if reply.message is not None:
+                answered(backend, call, tool, started, reply.message)
+                return reply, None
+            probe = BackendCall(backend, call, tool, started)
         probe.sent(reply.message)
         return reply, probe
 
@@ -709,6 +720,7 @@ class Dispatcher:
             if reply.message is not None:
                 message = reply.message
             else:
+                assert probe is not None  # a stream's call is measured by its BackendCall
                 try:
                     message = await reply.final()
                 except rpc.McpError as exc:
@@ -745,7 +757,7 @@ class Dispatcher:
             if fixed is not reply.message:
                 reply.message, reply.raw = fixed, None
             return reply
-        assert reply.stream is not None
+        assert reply.stream is not None and probe is not None
         # A stream stays under way until it is relayed (its generator's end) or dropped unread
         # (the Reply's closer: a generator that never started runs no `finally`).
         reply.closers.append(under_way.end)

@@ -23,8 +23,8 @@ phase matters (the era probe).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import collections
+import contextlib
 import logging
 import socket
 import ssl
@@ -36,8 +36,17 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway import write_batch
-from gateway.backends.errors import (UPSTREAM_FAILURES, ConnectError, ConnectTimeout, RequestNotRead,
-                                     ResponseTooLarge, UpstreamConnectionError, gateway_error, upstream_errors)
+from gateway.asgi import header_names
+from gateway.backends.errors import (
+    UPSTREAM_FAILURES,
+    ConnectError,
+    ConnectTimeout,
+    RequestNotRead,
+    ResponseTooLarge,
+    UpstreamConnectionError,
+    gateway_error,
+    upstream_errors,
+)
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import sse
 
@@ -88,6 +97,9 @@ def _rst_wait(sock: Any) -> float:
         with contextlib.suppress(OSError, ValueError, struct.error):
             rtt = struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 72), 68)[0] / 1e6
     return min(_RST_WAIT_MAX, max(_RST_WAIT_MIN, _RST_WAIT_RTTS * rtt))
+
+# A backend's Content-Type → its media type, lower-cased (parameters dropped), per value seen.
+_CONTENT_TYPES: dict[str, str] = {}
 
 
 class _Connection(asyncio.Protocol):
@@ -283,12 +295,16 @@ class UpstreamResponse:
     def _headers_done(self, status: int, keep_alive: bool) -> None:
         self.status = status
         self._keep_alive = keep_alive
-        headers = self.headers
-        for name, value in self._raw_headers:
-            key = name.decode("latin-1").lower()
-            if key not in headers:
-                headers[key] = value.decode("latin-1")
-        self.content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        # The first of a repeated name wins: the lines are read last to first, so that the
+        # first one is written last. Names are decoded once per name (asgi.header_names).
+        self.headers = headers = {header_names[name]: value.decode("latin-1") for name, value in reversed(self._raw_headers)}
+        given = headers.get("content-type", "")
+        content_type = _CONTENT_TYPES.get(given)
+        if content_type is None:
+            content_type = given.split(";", 1)[0].strip().lower()
+            if len(_CONTENT_TYPES) < 64:  # backends' values: a few, but not trusted to be
+                _CONTENT_TYPES[given] = content_type
+        self.content_type = content_type
         self.headers_received = True
         if headers.get("content-length", "0") != "0":
             # A body of known length follows, and its first bytes wake the caller: waking it

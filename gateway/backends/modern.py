@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 
 import orjson
 
+from gateway.backends import http1, tls
 from gateway.backends.base import Backend, Message, Reply, internal_call
+from gateway.backends.credentials import credentials_for
 from gateway.backends.endpoints import InFlightRelease, choose
 from gateway.backends.errors import UPSTREAM_FAILURES, gateway_error, never_sent, upstream_errors
 from gateway.backends.health import EndpointHealth
-from gateway.backends import http1, tls
-from gateway.backends.credentials import credentials_for
 from gateway.backends.http1 import UpstreamResponse
 from gateway.backends.identity import IdentitySigner
 from gateway.backends.replica import ReplicaContext

@@ -69,7 +69,10 @@ class BackendCall:
     __slots__ = ("backend", "call", "method", "tool", "started", "span", "token", "done", "original", "attempt",
                  "sending")
 
-    def __init__(self, backend: Any, call: Any, tool: str = "") -> None:
+    def __init__(self, backend: Any, call: Any, tool: str = "", started: float | None = None) -> None:
+        """`started`: the clock read when the call was sent, for an untraced call whose object
+        is made only once its answer turns out to be a stream, or it failed (dispatch.py
+        `_send`, `answered`); such a call opens no span."""
         self.backend = backend
         method = call.method
         self.method = method if method in metrics.METHOD_LABELS else metrics.OTHER  # metrics.method_label, inline
@@ -78,6 +81,9 @@ class BackendCall:
         self.token = None
         self.done = False
         self.sending = None
+        if started is not None:
+            self.call, self.started = call, started
+            return
         if tracing._tracer is not None:
             self.original, self.attempt = call, 1
             self.span, self.token, call = tracing.open_client_span(backend, call)
@@ -117,15 +123,8 @@ class BackendCall:
         `sent` for a whole answer (its first byte not observed yet), None at a stream's end."""
         if self.done:
             return
-        error = message.get("error") if isinstance(message, dict) else None
-        if isinstance(error, dict):
-            code = error.get("code") if type(error.get("code")) is int else rpc.INTERNAL_ERROR
-            self._end("error", metrics.code_label(code), code, error.get("message"), False, seconds)
-        elif isinstance(message, dict) and isinstance(result := message.get("result"), dict) and (
-                result.get("isError") is True):
-            self._end(metrics.TOOL_ERROR, metrics.TOOL_ERROR, None, None, True, seconds)
-        else:
-            self._end(metrics.OK, metrics.OK, None, None, False, seconds)
+        outcome, label, code, text, tool_error = _outcome(message)
+        self._end(outcome, label, code, text, tool_error, seconds)
 
     def failed(self, exc: rpc.McpError) -> None:
         """The gateway made the error (unreachable, timeout, protocol violation)."""
@@ -144,33 +143,11 @@ class BackendCall:
              seconds: float | None = None) -> None:
         """The call's counters and duration; `seconds` given: a whole answer, whose time to the
         first byte is these same seconds, observed by the same Event."""
+        whole = seconds is not None
         self.done = True
-        key = (self.backend.name, self.method, outcome, label, self.call.version, self.tool, seconds is not None)
-        children = _children.get(key)
-        if children is None:
-            call, whole = self.call, seconds is not None
-            transport, address = _peer(self.backend)
-            error = "" if label == metrics.OK else "_OTHER" if label == metrics.OTHER else label
-            if outcome == "cancelled":
-                error = "cancelled"
-            counters = [metrics.backend_requests_child(self.backend.name, self.method, outcome, label)]
-            if self.method == "tools/call":
-                counters.append(metrics.TOOL_CALLS.labels(self.backend.name, self.tool or metrics.OTHER, label))
-            histograms = [metrics.CLIENT_OPERATION.labels(self.method, error, self.tool, call.version, transport,
-                                                          address)]
-            if whole:
-                histograms.append(metrics.backend_seconds_child(self.backend.name, self.method))
-            children = _children[key] = (
-                loop_metrics.event(counters, histograms),
-                otel_metrics.attributes(self.method, error, self.tool, call.version, transport, address),
-            )
         if seconds is None:
             seconds = time.perf_counter() - self.started
-        event = children[0]  # the call's and the tool's counters, its duration (and first byte): Event.add, inline
-        event.counts[bisect_left(event.bounds, seconds)] += 1
-        event.sum += seconds
-        if otel_metrics.client_duration is not None:
-            otel_metrics.client_duration.record(seconds, children[1])
+        _count(self.backend, self.method, self.call.version, self.tool, outcome, label, seconds, whole)
         if self.span is not None:
             tracing.close_client_span(self.span, code, message, tool_error)
             self.span = None
@@ -182,3 +159,57 @@ class BackendCall:
         if self.sending is not None:
             _SENDING.reset(self.sending)
             self.sending = None
+
+
+_OK = (metrics.OK, metrics.OK, None, None, False)
+_TOOL_ERROR = (metrics.TOOL_ERROR, metrics.TOOL_ERROR, None, None, True)
+
+
+def _outcome(message: Any) -> tuple[str, str, int | None, str | None, bool]:
+    """A final answer's (outcome, code label, JSON-RPC code, error message, isError)."""
+    error = message.get("error") if isinstance(message, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code") if type(error.get("code")) is int else rpc.INTERNAL_ERROR
+        return "error", metrics.code_label(code), code, error.get("message"), False
+    if isinstance(message, dict) and isinstance(result := message.get("result"), dict) and (
+            result.get("isError") is True):
+        return _TOOL_ERROR
+    return _OK
+
+
+def _count(backend: Any, method: str, version: str, tool: str, outcome: str, label: str, seconds: float,
+           whole: bool) -> None:
+    """One call's counters and duration (and its first byte, `whole`), by its labels' Event."""
+    key = (backend.name, method, outcome, label, version, tool, whole)
+    children = _children.get(key)
+    if children is None:
+        transport, address = _peer(backend)
+        error = "" if label == metrics.OK else "_OTHER" if label == metrics.OTHER else label
+        if outcome == "cancelled":
+            error = "cancelled"
+        counters = [metrics.backend_requests_child(backend.name, method, outcome, label)]
+        if method == "tools/call":
+            counters.append(metrics.TOOL_CALLS.labels(backend.name, tool or metrics.OTHER, label))
+        histograms = [metrics.CLIENT_OPERATION.labels(method, error, tool, version, transport, address)]
+        if whole:
+            histograms.append(metrics.backend_seconds_child(backend.name, method))
+        children = _children[key] = (
+            loop_metrics.event(counters, histograms),
+            otel_metrics.attributes(method, error, tool, version, transport, address),
+        )
+    event = children[0]  # the call's and the tool's counters, its duration (and first byte): Event.add, inline
+    event.counts[bisect_left(event.bounds, seconds)] += 1
+    event.sum += seconds
+    if otel_metrics.client_duration is not None:
+        otel_metrics.client_duration.record(seconds, children[1])
+
+
+def answered(backend: Any, call: Any, tool: str, started: float, message: Any) -> None:
+    """An untraced call's whole answer, counted as `BackendCall(backend, call, tool).sent(message)`
+    counts it, without the object (dispatch.py `_send`): most calls, and an object per call
+    with its attribute writes and a method call per step was a measurable share of each."""
+    seconds = time.perf_counter() - started
+    method = call.method
+    outcome = _outcome(message)
+    _count(backend, method if method in metrics.METHOD_LABELS else metrics.OTHER, call.version, tool, outcome[0],
+           outcome[1], seconds, True)

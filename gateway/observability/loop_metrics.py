@@ -30,7 +30,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-
 V = TypeVar("V")
 
 

@@ -72,10 +72,10 @@ async def test_a_client_that_leaves_is_told_apart_from_an_empty_body(first: list
 def test_header_names_are_decoded_alike_remembered_or_not(monkeypatch) -> None:
     """Names are remembered once seen (bounded): the dict is the same the first time, the
     second time, and past the bound, where a new name is decoded each time it comes."""
-    monkeypatch.setattr(asgi, "_names", asgi._Names())
+    monkeypatch.setattr(asgi, "header_names", asgi._Names())
     monkeypatch.setattr(asgi, "_MAX_NAMES", 3)
     raw = [(b"Host", b"gw"), (b"MCP-Method", b" tools/call\t"), (b"X-A", b"1"), (b"x-b", b"2"), (b"X-A", b"3")]
     expected = {"host": "gw", "mcp-method": "tools/call", "x-a": "1, 3", "x-b": "2"}
     for _ in range(3):
         assert asgi.header_dict({"headers": list(raw)}) == expected
-    assert list(asgi._names) == [b"Host", b"MCP-Method", b"X-A"]
+    assert list(asgi.header_names) == [b"Host", b"MCP-Method", b"X-A"]

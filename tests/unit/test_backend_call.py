@@ -64,13 +64,13 @@ def test_a_whole_error_answer_and_a_gateway_failure_are_counted_by_their_code():
 def test_a_whole_answer_lands_in_the_buckets_observe_would_put_it_in(monkeypatch):
     """The end of a backend call writes its Event inline: each histogram moves by one in the
     bucket `observe` would have chosen, a value on a bound included."""
-    import gateway.observability.backend_call as backend_call
+    from gateway.observability import backend_call
     from gateway.observability import loop_metrics
 
     for n, seconds in enumerate([0.0, 0.0001, 0.01, 0.0123, 60.0, 61.0]):
         backend = f"bc-buckets-{n}"
         clock = iter([0.0, seconds])
-        monkeypatch.setattr(backend_call.time, "perf_counter", lambda: next(clock))
+        monkeypatch.setattr(backend_call.time, "perf_counter", lambda clock=clock: next(clock))
         BackendCall(_backend(backend), SimpleNamespace(method="tools/call", version=VERSION), backend).sent(ANSWER)
         first = metrics.BACKEND_SECONDS.labels(backend, "tools/call")
         duration = metrics.CLIENT_OPERATION.labels("tools/call", "", backend, VERSION, "tcp", "127.0.0.1")
@@ -78,3 +78,36 @@ def test_a_whole_answer_lands_in_the_buckets_observe_would_put_it_in(monkeypatch
             expected = loop_metrics.HistogramValue(child.bounds)
             expected.observe(seconds)
             assert child.counts == expected.counts and child.sum == pytest.approx(seconds)
+
+
+def _series_values():
+    families = (metrics.BACKEND_REQUESTS, metrics.TOOL_CALLS, metrics.BACKEND_SECONDS, metrics.CLIENT_OPERATION)
+    return {(family.name, values): (child.value if hasattr(child, "value") else (tuple(child.counts), child.sum))
+            for family in families for values, child in family.items()}
+
+
+def test_a_whole_answer_counted_without_the_object_moves_what_the_object_moves(monkeypatch):
+    """dispatch.py `_send` counts an untraced whole answer with `answered`: for every kind of
+    answer, the same series move by the same amounts as with `BackendCall(...).sent`."""
+    from gateway.observability import backend_call
+
+    answers = [ANSWER, {"jsonrpc": "2.0", "id": 1, "result": {"content": [], "isError": True}},
+               {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}},
+               {"jsonrpc": "2.0", "id": 1, "error": {"code": "nope", "message": 7}}, {"jsonrpc": "2.0", "id": 1},
+               ["not", "an", "object"]]
+    for n, answer in enumerate(answers):
+        moved = []
+        for way in ("object", "function"):
+            name = f"bc-same-{n}-{way}"  # its backend and its tool: series of its own
+            call = SimpleNamespace(method="tools/call", version=VERSION)
+            clock = iter([0.0, 0.0123] if way == "object" else [0.0123])  # sent at 0.0, answered at 0.0123
+            monkeypatch.setattr(backend_call.time, "perf_counter", lambda clock=clock: next(clock))
+            before = _series_values()
+            if way == "object":
+                BackendCall(_backend(name), call, name).sent(answer)
+            else:
+                backend_call.answered(_backend(name), call, name, 0.0, answer)
+            after = _series_values()
+            moved.append({(family, tuple(v.replace(name, "B") for v in values)): value
+                          for (family, values), value in after.items() if before.get((family, values)) != value})
+        assert moved[0] == moved[1] and len(moved[0]) == 4, (answer, moved)

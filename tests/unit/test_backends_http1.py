@@ -365,8 +365,8 @@ async def test_a_full_pool_refuses_clearly_instead_of_queueing_forever() -> None
 async def test_a_stream_reply_closed_unread_gives_its_connection_back() -> None:
     # An async generator that never started runs no `finally` when closed: the Reply's closers
     # release the upstream response anyway (gateway/backends/base.py Reply.closers).
-    from gateway.backends.modern import ModernHttpBackend
     from gateway.backends.base import internal_call
+    from gateway.backends.modern import ModernHttpBackend
     from gateway.settings import BackendSettings
 
     async def sse_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -636,3 +636,31 @@ def test_serialize_writes_what_a_check_per_header_wrote_and_finds_every_line_bre
                 http1._serialize(head, headers, body)
             bad = next(n for n in headers if n.startswith("mcp-param-x") or "\r" in n or "\n" in n)
             assert repr(bad) in str(caught.value)
+
+
+async def test_answer_headers_lower_case_names_keep_the_first_of_a_repeated_one_and_read_the_media_type() -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Type: Application/JSON; charset=utf-8\r\nX-Seen: first\r\nx-seen: second\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nCONTENT-TYPE: Text/Event-Stream \r\ncontent-length: 2\r\n\r\n{}",
+    ]
+
+    async def answer_in_turn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers * 2:  # the second time from the remembered names and media types
+            await read_request(reader)
+            writer.write(answer)
+            await writer.drain()
+
+    async with serve(answer_in_turn) as (url, _):
+        client = Http1Client("b", max_connections=1, connect_timeout=5)
+        seen = []
+        for _ in range(len(answers) * 2):
+            response = await client.post(url, b"{}", {}, read_timeout=5)
+            seen.append((response.content_type, response.headers.get("x-seen"), sorted(response.headers)))
+            await response.read()
+        await client.aclose()
+    first = ("application/json", "first", ["content-length", "content-type", "x-seen"])
+    plain = ("application/json", None, ["content-length", "content-type"])
+    stream = ("text/event-stream", None, ["content-length", "content-type"])
+    assert seen == [first, plain, stream] * 2
