@@ -24,22 +24,22 @@ from pathlib import Path
 from callgrind import call_in_loop, count  # bench/ is on sys.path: these run as scripts
 
 ROOT = Path(__file__).resolve().parents[1]
-PIECES = ("empty", "access-line", "record", "finish", "note-answer", "backend-call", "outgoing-headers",
-          "telemetry-step")
+PIECES = ("empty", "access-line", "record", "finish", "note-answer", "backend-call", "backend-answer",
+          "outgoing-headers", "telemetry-step")
 
 
 def _inner(piece: str, n: int) -> None:
     sys.path.insert(0, str(ROOT))
     from gateway.observability.logs import AccessLog
     from gateway.observability.middleware import RequestTelemetry
-    from gateway.observability.record import RequestRecord, request_id_from
+    from gateway.observability.record import RequestRecord, new_request_id
 
     scope = {"client": ("127.0.0.1", 5000), "http_version": "1.1"}
     log = AccessLog(log_format="json", fd=os.open(os.devnull, os.O_WRONLY))
     telemetry = RequestTelemetry(None, path="/mcp")  # type: ignore[arg-type]
 
     def record() -> RequestRecord:
-        made = RequestRecord(request_id_from(None), time.perf_counter(), "modern", scope)
+        made = RequestRecord(new_request_id(), time.perf_counter(), "modern", scope)  # no X-Request-Id sent
         made.method, made.name, made.backend, made.status = "tools/call", "echo", "bench", 200
         return made
 
@@ -51,14 +51,17 @@ def _inner(piece: str, n: int) -> None:
 
     from gateway import asgi
     from gateway.observability import tracing
-    from gateway.observability.backend_call import BackendCall
+    from gateway.observability.backend_call import BackendCall, answered
     from gateway.observability.record import CURRENT
 
     backend = SimpleNamespace(name="bench", settings=SimpleNamespace(command=None, url="http://127.0.0.1:1/mcp"))
     upstream = SimpleNamespace(method="tools/call", version="2026-07-28")
 
-    def backend_call() -> None:
+    def backend_call() -> None:  # a traced call's, or a stream's, or a failed one's object
         BackendCall(backend, upstream, "echo").sent(answer)
+
+    def backend_answer() -> None:  # an untraced whole answer, as dispatch.py `_send` counts it
+        answered(backend, upstream, "echo", time.perf_counter(), answer)
 
     CURRENT.set(done)  # what the backends' headers read the request id from
 
@@ -85,9 +88,11 @@ def _inner(piece: str, n: int) -> None:
         except StopIteration:
             pass
 
-    call = {"empty": lambda: None, "access-line": lambda: log.log(done, 0.00123, None), "record": record,
+    shape = log.shape_of(done)  # kept by RequestTelemetry with the record's metric children
+    call = {"empty": lambda: None, "access-line": lambda: log.log(done, 0.00123, None, shape), "record": record,
             "finish": lambda: telemetry._finish(done, scope, {}), "note-answer": lambda: done.note_answer(answer),
-            "backend-call": backend_call, "outgoing-headers": lambda: tracing.add_outgoing_headers({}),
+            "backend-call": backend_call, "backend-answer": backend_answer,
+            "outgoing-headers": lambda: tracing.add_outgoing_headers({}),
             "bare-app": lambda: drive(app), "telemetry-step": lambda: drive(step)}[piece]
 
     call_in_loop(call, n)

@@ -23,7 +23,7 @@ from gateway.backends.concurrency import Slot
 from gateway.backends.retry import retry_after
 from gateway.cache import NoCache, Outcome, ResponseCache
 from gateway.cache.assembled import Source
-from gateway.deadlines import within
+from gateway.deadlines import Deadline, within
 from gateway.observability import tracing
 from gateway.observability.backend_call import BackendCall, answered
 from gateway.observability.record import CURRENT, RequestRecord, note_authorization
@@ -70,21 +70,22 @@ class Hub(Protocol):
         """Stop everything (upstream streams, the bus); the hub is not used again."""
 
 
-class Budget:
+class Budget(Deadline):
     """`backends[].timeout_seconds` as the whole call's budget, as the client sees it: the
     routing work (a tool-index refresh), the connection, every retry and the answer come out
     of it, so no phase gets a fresh deadline (docs/resilience.md "Deadlines"). A streamed
-    answer must start within it; from then on its reads and `max_call_seconds` bound it."""
+    answer must start within it; from then on its reads and `max_call_seconds` bound it.
+    It is its own (coarse) deadline: `with budget:` bounds the call, no timer per call and no
+    second object."""
 
-    __slots__ = ("target", "call", "seconds", "started", "timeout", "phase")
+    __slots__ = ("target", "call", "seconds", "started", "phase")
 
     def __init__(self, target: Target, call: Call) -> None:
         self.target = target
         self.call = call
         self.seconds = target.backend.settings.timeout_seconds
-        loop = asyncio.get_running_loop()
-        self.started = loop.time()
-        self.timeout = within(self.started + self.seconds)  # coarse: no timer per call
+        self.started = asyncio.get_running_loop().time()
+        super().__init__(self.started + self.seconds)
         self.phase = "waiting for its answer"
 
     def exhausted(self) -> rpc.McpError:
@@ -161,7 +162,7 @@ class Dispatcher:
             record.method, record.jsonrpc_id, record.version = call.method, call.id, call.version
             record.name = call.name
         principal = call.principal
-        if principal is not None and getattr(principal, "authenticated", False):
+        if principal is not None and principal.authenticated:
             record.subject = principal.subject
         token = None
         if tracing._tracer is not None and record.span is None:  # tracing.enabled(), inline
@@ -511,7 +512,7 @@ class Dispatcher:
                                          data={"backend": target.backend.name, "name": call.name, "pin": "changed"})
         budget = Budget(target, call)
         try:
-            with budget.timeout:
+            with budget:
                 if call.method == "tools/call":
                     budget.phase = "refreshing its tool index"
                     annotations = await self._param_annotations(target, upstream_name)
@@ -520,7 +521,7 @@ class Dispatcher:
                 budget.phase = "waiting for its answer"
                 return await self._forward(target, call.with_name(upstream_name), budget)
         except TimeoutError:
-            if not budget.timeout.expired():
+            if not budget.expired():
                 raise
             raise budget.exhausted() from None
 
@@ -620,7 +621,7 @@ class Dispatcher:
         streaming = meta.PROGRESS_TOKEN in m or meta.LOG_LEVEL in m
         budget = Budget(target, call)
         try:
-            with budget.timeout:
+            with budget:
                 if streaming or "inputResponses" in call.params or "requestState" in call.params:
                     # Relayed as it comes (progress, logs) or an MRTR retry: never from the cache.
                     reply = await self._forward(target, call, budget)
@@ -628,7 +629,7 @@ class Dispatcher:
                     return reply
                 message, outcome = await self.cache.fetch(target, call, lambda: self._final(target, call))
         except TimeoutError:
-            if not budget.timeout.expired():
+            if not budget.expired():
                 raise
             raise budget.exhausted() from None
         return Reply(target.backend.name, status=rpc.http_status_of(message), message=message,
@@ -737,10 +738,10 @@ class Dispatcher:
     async def _forward_within_budget(self, target: Target, call: Call) -> Reply:
         budget = Budget(target, call)
         try:
-            with budget.timeout:
+            with budget:
                 return await self._forward(target, call, budget)
         except TimeoutError:
-            if not budget.timeout.expired():
+            if not budget.expired():
                 raise
             raise budget.exhausted() from None
 

@@ -167,12 +167,14 @@ _TOOL_ERROR = (metrics.TOOL_ERROR, metrics.TOOL_ERROR, None, None, True)
 
 def _outcome(message: Any) -> tuple[str, str, int | None, str | None, bool]:
     """A final answer's (outcome, code label, JSON-RPC code, error message, isError)."""
-    error = message.get("error") if isinstance(message, dict) else None
+    if not isinstance(message, dict):
+        return _OK
+    error = message.get("error")
     if isinstance(error, dict):
         code = error.get("code") if type(error.get("code")) is int else rpc.INTERNAL_ERROR
         return "error", metrics.code_label(code), code, error.get("message"), False
-    if isinstance(message, dict) and isinstance(result := message.get("result"), dict) and (
-            result.get("isError") is True):
+    result = message.get("result")
+    if isinstance(result, dict) and result.get("isError") is True:
         return _TOOL_ERROR
     return _OK
 

@@ -68,20 +68,18 @@ class RequestTelemetry:
                 record.transport = "sse"
             record.version = headers.get("mcp-protocol-version")
             receive = self._peek(record, receive)
-        rid = record.request_id.encode()
         error_body: list[bytes] | None = None
 
         def send_noting(message: asgi.Message) -> Awaitable[None]:
             # A plain function handing back the server's own awaitable: an `async def` here
             # would make one more coroutine per message sent (bench/README.md "Third round").
             nonlocal error_body
-            kind = message["type"]
-            if kind == "http.response.start":
+            if message["type"] == "http.response.start":
                 record.status = status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid)]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", record.request_id.encode())]
                 if status >= 400 and record.code is None:
                     error_body = []
-            elif error_body is not None and kind == "http.response.body":
+            elif error_body is not None and message["type"] == "http.response.body":
                 error_body.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     _note_error_body(record, b"".join(error_body))
