@@ -297,7 +297,8 @@ class UpstreamResponse:
         self._keep_alive = keep_alive
         # The first of a repeated name wins: the lines are read last to first, so that the
         # first one is written last. Names are decoded once per name (asgi.header_names).
-        self.headers = headers = {header_names[name]: value.decode("latin-1") for name, value in reversed(self._raw_headers)}
+        self.headers = headers = {header_names[name]: value.decode("latin-1")
+                                  for name, value in reversed(self._raw_headers)}
         given = headers.get("content-type", "")
         content_type = _CONTENT_TYPES.get(given)
         if content_type is None:

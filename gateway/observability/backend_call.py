@@ -75,7 +75,7 @@ class BackendCall:
         `_send`, `answered`); such a call opens no span."""
         self.backend = backend
         method = call.method
-        self.method = method if method in metrics.METHOD_LABELS else metrics.OTHER  # metrics.method_label, inline
+        self.method = method if method in metrics.METHOD_LABELS else metrics.OTHER  # method_label, inline
         self.tool = tool
         self.span = None
         self.token = None
@@ -199,7 +199,7 @@ def _count(backend: Any, method: str, version: str, tool: str, outcome: str, lab
             loop_metrics.event(counters, histograms),
             otel_metrics.attributes(method, error, tool, version, transport, address),
         )
-    event = children[0]  # the call's and the tool's counters, its duration (and first byte): Event.add, inline
+    event = children[0]  # the call and tool counters, its duration (and first byte): Event.add, inline
     event.counts[bisect_left(event.bounds, seconds)] += 1
     event.sum += seconds
     if otel_metrics.client_duration is not None:
@@ -213,5 +213,5 @@ def answered(backend: Any, call: Any, tool: str, started: float, message: Any) -
     seconds = time.perf_counter() - started
     method = call.method
     outcome = _outcome(message)
-    _count(backend, method if method in metrics.METHOD_LABELS else metrics.OTHER, call.version, tool, outcome[0],
-           outcome[1], seconds, True)
+    label = method if method in metrics.METHOD_LABELS else metrics.OTHER
+    _count(backend, label, call.version, tool, outcome[0], outcome[1], seconds, True)

@@ -65,7 +65,8 @@ def _new_access_head(ms: int) -> bytes:
     second = ms // 1000
     if second != _head_second[0]:
         _head_second[0] = second
-        _head_second[1] = b"%s%s." % (_ACCESS_HEAD, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode())
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _head_second[1] = b"%s%s." % (_ACCESS_HEAD, text.encode())
     _last_head[0], _last_head[1] = ms, b'%s%03dZ","request_id":"' % (_head_second[1], ms % 1000)
     return _last_head[1]
 

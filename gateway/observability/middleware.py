@@ -58,8 +58,9 @@ class RequestTelemetry:
         headers = asgi.request_headers(scope)
         header_method = headers.get("mcp-method")
         given_id = headers.get("x-request-id")
-        record = RequestRecord(new_request_id() if given_id is None else request_id_from(given_id), time.perf_counter(),
-                               "modern" if header_method is not None else "legacy", scope)
+        request_id = new_request_id() if given_id is None else request_id_from(given_id)
+        era = "modern" if header_method is not None else "legacy"
+        record = RequestRecord(request_id, time.perf_counter(), era, scope)
         if header_method is not None:
             # metrics.method_label, inline (once per request)
             record.method = header_method if header_method in METHOD_LABELS else metrics.OTHER
@@ -76,7 +77,8 @@ class RequestTelemetry:
             nonlocal error_body
             if message["type"] == "http.response.start":
                 record.status = status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (b"x-request-id", record.request_id.encode())]
+                echoed = (b"x-request-id", record.request_id.encode())
+                message["headers"] = [*message.get("headers", ()), echoed]
                 if status >= 400 and record.code is None:
                     error_body = []
             elif error_body is not None and message["type"] == "http.response.body":
