@@ -118,3 +118,15 @@ def test_families_fed_by_events_expose_what_prometheus_client_would():
         if i % 2:
             ref_other.labels("call").observe(value)
     assert _text(ours) == _text(theirs)
+
+
+def test_a_histogram_of_one_bucket_fed_by_an_event_counts_everything_in_it():
+    """No bound but +Inf (a pick of one index): every value lands there, as `observe` would."""
+    only_inf = loop_metrics.Histogram("inf_seconds", "d", ["k"], buckets=(float("inf"),))
+    finer = loop_metrics.Histogram("finer_seconds", "d", ["k"], buckets=(0.1, 1.0))
+    event = loop_metrics.event([], [only_inf.labels("a"), finer.labels("a")])
+    for value in (0.0, 0.1, 5.0):
+        event.add(value)
+    only_inf.labels("a").observe(2.0)
+    assert only_inf.labels("a").counts == [4] and only_inf.labels("a").cumulative() == [4]
+    assert finer.labels("a").counts == [2, 0, 1] and finer.labels("a").cumulative() == [2, 2, 3]
