@@ -7,8 +7,8 @@
 For each N it starts a fresh mutable fixture backend (mcp==2.3.0) and one gateway process (or,
 with `--replicas 2`, two gateway processes sharing a fresh redis-server through
 `subscriptions.redis_url`), then opens N `subscriptions/listen` streams (toolsListChanged) from
-reader processes: plain asyncio sockets, N/2 per process, the streams spread over the
-replicas. The gateways are pinned to CPU 0, everything else (readers, backend, Redis, this
+reader processes (READERS: asyncio sockets, or one raw epoll loop with `--readers epoll`), N/2
+per process (`--reader-processes`), the streams spread over the replicas. The gateways are pinned to CPU 0, everything else (readers, backend, Redis, this
 process) to CPU 1, so that the readers' own cost is not in the gateway's figures (`--no-pin`
 to leave scheduling alone); on loopback the readers' TCP input still runs in the gateway's
 `write()` unless `--steering rps` moves it to their CPU (STEERING below). Then:
@@ -23,8 +23,10 @@ to leave scheduling alone); on loopback the readers' TCP input still runs in the
   the first publish to the last delivery, divided by N x rounds (it includes the one upstream
   notification per round, its cache invalidation and the bus).
 
-Also reported: the readers' own CPU per delivery and the NET_RX softirqs per CPU during the
-rounds (where packet input ran). It checks what it measures: the backend must hold exactly one upstream listen, and every
+Also reported: the readers' own CPU per delivery (user and system), their CPU's time by kind
+(softirq included, which no process is charged with), the NET_RX softirqs per CPU during the
+rounds (where packet input ran), the packets dropped for a full input backlog and TCP's
+retransmissions (`_MAX_BACKLOG`; `--backlog` raises that queue for a measurement). It checks what it measures: the backend must hold exactly one upstream listen, and every
 stream must receive every notification. The machine may be shared: say so with the figures.
 """
 
