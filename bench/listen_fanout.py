@@ -8,8 +8,8 @@ For each N it starts a fresh mutable fixture backend (mcp==2.3.0) and one gatewa
 with `--replicas 2`, two gateway processes sharing a fresh redis-server through
 `subscriptions.redis_url`), then opens N `subscriptions/listen` streams (toolsListChanged) from
 reader processes (READERS: asyncio sockets, or one raw epoll loop with `--readers epoll`), N/2
-per process (`--reader-processes`), the streams spread over the replicas. The gateways are pinned to CPU 0, everything else (readers, backend, Redis, this
-process) to CPU 1, so that the readers' own cost is not in the gateway's figures (`--no-pin`
+per process (`--reader-processes`), the streams spread over the replicas. The gateways are
+pinned to CPU 0, everything else (readers, backend, Redis, this process) to CPU 1, so that the readers' own cost is not in the gateway's figures (`--no-pin`
 to leave scheduling alone); on loopback the readers' TCP input still runs in the gateway's
 `write()` unless `--steering rps` moves it to their CPU (STEERING below). Then:
 
@@ -26,8 +26,9 @@ to leave scheduling alone); on loopback the readers' TCP input still runs in the
 Also reported: the readers' own CPU per delivery (user and system), their CPU's time by kind
 (softirq included, which no process is charged with), the NET_RX softirqs per CPU during the
 rounds (where packet input ran), the packets dropped for a full input backlog and TCP's
-retransmissions (`_MAX_BACKLOG`; `--backlog` raises that queue for a measurement). It checks what it measures: the backend must hold exactly one upstream listen, and every
-stream must receive every notification. The machine may be shared: say so with the figures.
+retransmissions (`_MAX_BACKLOG`; `--backlog` raises that queue for a measurement). It checks
+what it measures: the backend must hold exactly one upstream listen, and every stream must
+receive every notification. The machine may be shared: say so with the figures.
 """
 
 from __future__ import annotations
@@ -268,10 +269,10 @@ class _Acked:
 class EpollReader:
     """The `epoll` reader (READERS): streams on raw non-blocking sockets, one epoll, one buffer.
 
-    `poll()` reads every ready socket once: a read of exactly the bytes of this stream's last
-    read that was one checked notification (with nothing pending) counts at once, as
-    `_CheckedStream.data_received`'s own fast path does; anything else goes through that
-    method, so both readers count and check the same way."""
+    `poll()` reads every ready socket until it is empty: a read of exactly the bytes of this
+    stream's last read that was one checked notification (with nothing pending) counts at
+    once, as `_CheckedStream.data_received`'s own fast path does; anything else goes through
+    that method, so both readers count and check the same way."""
 
     def __init__(self) -> None:
         self.epoll = select.epoll()
@@ -293,7 +294,7 @@ class EpollReader:
         return stream
 
     def poll(self) -> int:
-        """Reads each ready socket once, without blocking; answers how many were ready."""
+        """Reads each ready socket, without blocking; answers how many were ready."""
         ready = self.epoll.poll(0, len(self.streams) or 1)
         buffer, streams, sockets, tally = self.buffer, self.streams, self.sockets, self.tally
         full = len(buffer)
@@ -556,8 +557,8 @@ def tcp_counters() -> dict[str, int]:
 # queues the packets for the readers' CPU. At N = 10,000 the gateway's CPU writes faster than
 # the readers' CPU takes them in, the queue passes 1,000, and the kernel drops the rest: each
 # dropped segment reaches its stream only when TCP sends it again, a loss probe or timeout of
-# 200 ms or more later on loopback, so its stream's delivery is 200+ ms late, and once drops
-# pass 1 % of deliveries so is the p99 (bench/README.md "Listen fan-out, fourth round"). On
+# 200 ms or more later on loopback, so its stream's delivery is 200+ ms late, and once enough
+# are dropped so is the p99 (bench/README.md "Listen fan-out, fourth round"). On
 # separate hosts each client's input queue holds its own packets, not 10,000 clients'; a run
 # may raise the backlog (`--backlog`) so that the one CPU standing in for them does not drop
 # what their own hosts would not. The drops are reported either way ("backlog_drops_per_cpu").
@@ -616,7 +617,7 @@ async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = 
                   steer: str = "loopback", readers: str = "paced", reader_processes: int = READER_PROCESSES,
                   backlog: int | None = None) -> dict[str, float]:
     """One measurement (the module's docstring). `backlog`: net.core.netdev_max_backlog for its
-    duration (None: as the machine has it; BACKLOG says why a run may raise it)."""
+    duration (None: as the machine has it; `_MAX_BACKLOG` says why a run may raise it)."""
     if pinned and (os.cpu_count() or 1) < 2:
         pinned = False
     # With steering the readers' packet input runs in the readers' CPU's softirqs: at the
