@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import listen_fanout  # noqa: E402
+import listen_fanout
 
 
 @pytest.mark.parametrize(("readers", "processes"), [("epoll", 1), ("epoll", 2), ("paced", 2)])
