@@ -7,9 +7,9 @@
 For each N it starts a fresh mutable fixture backend (mcp==2.3.0) and one gateway process (or,
 with `--replicas 2`, two gateway processes sharing a fresh redis-server through
 `subscriptions.redis_url`), then opens N `subscriptions/listen` streams (toolsListChanged) from
-reader processes: plain asyncio sockets, N/2 per process, the streams spread over the
-replicas. The gateways are pinned to CPU 0, everything else (readers, backend, Redis, this
-process) to CPU 1, so that the readers' own cost is not in the gateway's figures (`--no-pin`
+reader processes (READERS: asyncio sockets, or one raw epoll loop with `--readers epoll`), N/2
+per process (`--reader-processes`), the streams spread over the replicas. The gateways are
+pinned to CPU 0, everything else (readers, backend, Redis, this process) to CPU 1, so that the readers' own cost is not in the gateway's figures (`--no-pin`
 to leave scheduling alone); on loopback the readers' TCP input still runs in the gateway's
 `write()` unless `--steering rps` moves it to their CPU (STEERING below). Then:
 
@@ -23,9 +23,12 @@ to leave scheduling alone); on loopback the readers' TCP input still runs in the
   the first publish to the last delivery, divided by N x rounds (it includes the one upstream
   notification per round, its cache invalidation and the bus).
 
-Also reported: the readers' own CPU per delivery and the NET_RX softirqs per CPU during the
-rounds (where packet input ran). It checks what it measures: the backend must hold exactly one upstream listen, and every
-stream must receive every notification. The machine may be shared: say so with the figures.
+Also reported: the readers' own CPU per delivery (user and system), their CPU's time by kind
+(softirq included, which no process is charged with), the NET_RX softirqs per CPU during the
+rounds (where packet input ran), the packets dropped for a full input backlog and TCP's
+retransmissions (`_MAX_BACKLOG`; `--backlog` raises that queue for a measurement). It checks
+what it measures: the backend must hold exactly one upstream listen, and every stream must
+receive every notification. The machine may be shared: say so with the figures.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
+import select
+import socket
 import statistics
 import sys
 import tempfile
@@ -187,7 +193,13 @@ def _request(port: int, listen_id: str) -> bytes:
 #          another host costs the gateway nothing to wake. Arrivals are stamped when read, so
 #          the latency it measures is at worst PACE_SECONDS more, never less. It checks every
 #          notification's method and listen id (`_CheckedStream`).
-READERS = ("paced", "woken")
+#   epoll: the paced reader's check and pace without asyncio (`EpollReader`): one `select.epoll`
+#          over the raw sockets, a non-blocking `recv_into` one preallocated buffer per ready
+#          socket, and the same check (`_CheckedStream.data_received` for anything but a read
+#          of exactly the bytes that checked out last). It sleeps PACE_SECONDS in nanosleep
+#          only when a poll found nothing ready: while segments keep arriving it reads them as
+#          fast as it can, never blocked in epoll_wait, so never woken per segment either.
+READERS = ("paced", "woken", "epoll")
 PACE_SECONDS = 0.0005
 
 
@@ -237,6 +249,138 @@ async def _reader_main(ports: list[int], first: int, count: int, mode: str = "pa
     for s in streams:
         if s.transport is not None:
             s.transport.close()
+
+
+class _Acked:
+    """What `_CheckedStream` needs of its `acked` future, without an event loop."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def done(self) -> bool:
+        return self.value
+
+    def set_result(self, _: None) -> None:
+        self.value = True
+
+
+class EpollReader:
+    """The `epoll` reader (READERS): streams on raw non-blocking sockets, one epoll, one buffer.
+
+    `poll()` reads every ready socket until it is empty: a read of exactly the bytes of this
+    stream's last read that was one checked notification (with nothing pending) counts at
+    once, as `_CheckedStream.data_received`'s own fast path does; anything else goes through
+    that method, so both readers count and check the same way."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.streams: dict[int, _CheckedStream] = {}  # by socket descriptor
+        self.sockets: dict[int, socket.socket] = {}
+        self.tally = [0]  # notifications that checked out, over every stream
+        self.buffer = bytearray(1 << 16)
+        self.closed = 0  # streams whose socket closed
+
+    def add(self, sock: socket.socket, listen_id: str) -> _CheckedStream:
+        sock.setblocking(False)
+        stream = _CheckedStream(b"", listen_id, _Acked(), self.tally)  # type: ignore[arg-type]
+        self.streams[sock.fileno()] = stream
+        self.sockets[sock.fileno()] = sock
+        # Edge-triggered: a socket is on the ready list once per arrival. Level-triggered, epoll
+        # would poll every socket it returned once more on the next wait (`tcp_poll`), to find it
+        # empty; so each read takes everything there is (`poll` reads until the buffer is not full).
+        self.epoll.register(sock.fileno(), select.EPOLLIN | select.EPOLLET)
+        return stream
+
+    def poll(self) -> int:
+        """Reads each ready socket, without blocking; answers how many were ready."""
+        ready = self.epoll.poll(0, len(self.streams) or 1)
+        buffer, streams, sockets, tally = self.buffer, self.streams, self.sockets, self.tally
+        full = len(buffer)
+        for fd, _ in ready:
+            size = full
+            while size == full:  # edge-triggered: read until the socket has no more
+                try:
+                    size = sockets[fd].recv_into(buffer)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    size = 0
+                if size == 0:  # closed: counted, so that a wait for its notifications can give up
+                    self.epoll.unregister(fd)
+                    self.closed += 1
+                    break
+                stream = streams[fd]
+                expected = stream.expected
+                if (expected is not None and size == len(expected) and not stream.pending
+                        and buffer.startswith(expected)):
+                    stream.arrivals.append(time.time())
+                    tally[0] += 1
+                else:
+                    stream.data_received(bytes(buffer[:size]))
+        return len(ready)
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close()
+        self.epoll.close()
+
+
+def _epoll_reader_main(ports: list[int], first: int, count: int) -> None:
+    """`_reader_main` for the `epoll` reader: the same streams, the same `ready` / `wait K` /
+    `dump` conversation on stdin and stdout, no event loop."""
+    reader = EpollReader()
+    streams: list[_CheckedStream] = []
+    for start in range(first, first + count, 250):  # in batches, as _reader_main
+        batch = []
+        for i in range(start, min(first + count, start + 250)):
+            port = ports[i % len(ports)]
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(_request(port, f"bench-{i}"))
+            batch.append(reader.add(sock, f"bench-{i}"))
+        deadline = time.monotonic() + 120
+        while not all(s.acked.done() for s in batch):
+            if reader.closed or time.monotonic() > deadline:
+                raise ConnectionError("a stream closed or was not acknowledged in time")
+            if not reader.poll():
+                time.sleep(PACE_SECONDS)
+        streams += batch
+    # Every object the rounds need exists now, and the loop makes no reference cycles: without
+    # the collector, the tuples each poll returns no longer start collections that walk the
+    # streams (`gc_collect_main`, 11 % of this CPU's samples in a `perf` run of this reader).
+    gc.freeze()
+    gc.disable()
+    print("ready", flush=True)
+    control = sys.stdin.fileno()
+    os.set_blocking(control, False)
+    waiting: tuple[int, float] | None = None  # (K, deadline) of a `wait K` not answered yet
+    commands = b""
+    while True:
+        if reader.poll():
+            continue
+        # Nothing ready: the commands, the answer to a `wait`, then the pace (see READERS).
+        with contextlib.suppress(BlockingIOError):
+            commands += os.read(control, 4096) or b"dump\n"  # end of input: dump and stop
+        while b"\n" in commands:
+            line, commands = commands.split(b"\n", 1)
+            word = line.decode().split()
+            if word and word[0] == "wait":
+                waiting = (int(word[1]), time.monotonic() + 120)
+            elif word and word[0] == "dump":
+                wrong = sum(s.wrong for s in streams)
+                sys.stdout.write(orjson.dumps({"arrivals": [s.arrivals for s in streams], "wrong": wrong}).decode()
+                                 + "\n")
+                sys.stdout.flush()
+                reader.close()
+                return
+        if waiting is not None:
+            k, deadline = waiting
+            if ((reader.tally[0] >= k * len(streams) and all(len(s.arrivals) >= k for s in streams))
+                    or time.monotonic() > deadline):
+                print("done", flush=True)
+                waiting = None
+        time.sleep(PACE_SECONDS)
 
 
 class _ReaderProcess:
@@ -378,6 +522,64 @@ def steering(mode: str):
                 f.write_text(value)
 
 
+def cpu_split_of(cpu: int) -> dict[str, float]:
+    """One CPU's time so far by kind (/proc/stat, seconds): user (with nice), system, softirq,
+    irq, idle (with iowait), steal."""
+    for row in Path("/proc/stat").read_text().splitlines():
+        if row.startswith(f"cpu{cpu} "):
+            v = [int(x) / os.sysconf("SC_CLK_TCK") for x in row.split()[1:]]
+            return {"user": v[0] + v[1], "system": v[2], "idle": v[3] + v[4], "irq": v[5], "softirq": v[6],
+                    "steal": v[7]}
+    return {}
+
+
+def softnet_drops() -> list[int]:
+    """Packets dropped so far per CPU because its input backlog was full (/proc/net/softnet_stat,
+    the second column; the backlog holds net.core.netdev_max_backlog packets)."""
+    return [int(row.split()[1], 16) for row in Path("/proc/net/softnet_stat").read_text().splitlines()]
+
+
+def tcp_counters() -> dict[str, int]:
+    """TCP retransmissions so far (RetransSegs), tail loss probes and retransmission timeouts."""
+    names = {"Tcp": ("RetransSegs",), "TcpExt": ("TCPLossProbes", "TCPTimeouts")}
+    found: dict[str, int] = {}
+    for source in ("/proc/net/snmp", "/proc/net/netstat"):
+        rows = Path(source).read_text().splitlines()
+        for head, values in zip(rows[::2], rows[1::2], strict=False):
+            kind, _, keys = head.partition(": ")
+            for key, value in zip(keys.split(), values.partition(": ")[2].split(), strict=False):
+                if key in names.get(kind, ()):
+                    found[key] = int(value)
+    return found
+
+
+# A CPU's packet input backlog (net.core.netdev_max_backlog, 1,000 by default) is where RPS
+# queues the packets for the readers' CPU. At N = 10,000 the gateway's CPU writes faster than
+# the readers' CPU takes them in, the queue passes 1,000, and the kernel drops the rest: each
+# dropped segment reaches its stream only when TCP sends it again, a loss probe or timeout of
+# 200 ms or more later on loopback, so its stream's delivery is 200+ ms late, and once enough
+# are dropped so is the p99 (bench/README.md "Listen fan-out, fourth round"). On
+# separate hosts each client's input queue holds its own packets, not 10,000 clients'; a run
+# may raise the backlog (`--backlog`) so that the one CPU standing in for them does not drop
+# what their own hosts would not. The drops are reported either way ("backlog_drops_per_cpu").
+_MAX_BACKLOG = Path("/proc/sys/net/core/netdev_max_backlog")
+
+
+@contextlib.contextmanager
+def input_backlog(packets: int | None):
+    """net.core.netdev_max_backlog at `packets` for the duration (None: left alone), put back after."""
+    if packets is None:
+        yield
+        return
+    saved = _MAX_BACKLOG.read_text().strip()
+    try:
+        _MAX_BACKLOG.write_text(str(packets))
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            _MAX_BACKLOG.write_text(saved)
+
+
 def net_rx_softirqs() -> list[int]:
     """NET_RX softirqs run so far, per CPU (/proc/softirqs): where packet input ran."""
     for row in Path("/proc/softirqs").read_text().splitlines():
@@ -411,20 +613,26 @@ def _gateway(config: Path, tree: str | None) -> Proc:
 
 
 async def measure(n: int, rounds: int, *, replicas: int = 1, tree: str | None = None,
-                  pinned: bool = True, nice: int = 0, perf: str | None = None,
-                  steer: str = "loopback", readers: str = "paced") -> dict[str, float]:
+                  pinned: bool = True, nice: int = 0, perf: str | None = None, perf_cpu: int | None = None,
+                  steer: str = "loopback", readers: str = "paced", reader_processes: int = READER_PROCESSES,
+                  backlog: int | None = None) -> dict[str, float]:
+    """One measurement (the module's docstring). `backlog`: net.core.netdev_max_backlog for its
+    duration (None: as the machine has it; `_MAX_BACKLOG` says why a run may raise it)."""
     if pinned and (os.cpu_count() or 1) < 2:
         pinned = False
     # With steering the readers' packet input runs in the readers' CPU's softirqs: at the
     # readers' niceness, as without it, where it runs in the gateway's system calls.
-    with steering(steer), softirqs_at(OTHERS_CPU, nice if steer != "loopback" else 0):
+    with (steering(steer), input_backlog(backlog),
+          softirqs_at(OTHERS_CPU, nice if steer != "loopback" else 0)):
         result = await _measure(n, rounds, replicas=replicas, tree=tree, pinned=pinned, nice=nice, perf=perf,
-                                readers=readers)
-    return {**result, "steering": steer, "readers": readers}
+                                perf_cpu=perf_cpu,
+                                readers=readers, reader_processes=reader_processes)
+    return {**result, "steering": steer, "readers": readers, "reader_processes": reader_processes,
+            "backlog": int(_MAX_BACKLOG.read_text()) if backlog is None else backlog}
 
 
 async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinned: bool, nice: int,
-                   perf: str | None, readers: str) -> dict[str, float]:
+                   perf: str | None, perf_cpu: int | None, readers: str, reader_processes: int) -> dict[str, float]:
     if readers not in READERS:
         raise ValueError(f"unknown readers {readers!r}; one of {READERS}")
     mode = readers
@@ -461,7 +669,7 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
 
             started = time.perf_counter()
             ports = [g.port for g in gateways]
-            share = -(-n // READER_PROCESSES)
+            share = -(-n // reader_processes)
             readers = [await _ReaderProcess.start(ports, first, min(share, n - first), others_cpu, mode)
                        for first in range(0, n, share)]
             for reader in readers:
@@ -476,20 +684,30 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
             recorder = None
             if perf:  # `perf record` on the gateways for the rounds only (--perf)
                 recorder = await asyncio.create_subprocess_exec(
-                    "perf", "record", "-g", "-o", perf, "-p", ",".join(map(str, pids)),
+                    "perf", "record", "-g", "-o", perf,
+                    *(["-C", str(perf_cpu)] if perf_cpu is not None else ["-p", ",".join(map(str, pids))]),
                     stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
                 await asyncio.sleep(0.5)
             published: list[float] = []
             user = system = 0.0
             net_rx = [0] * len(net_rx_softirqs())
-            reader_cpu = 0.0
+            reader_user = reader_system = 0.0
             reader_pids = [r.proc.pid for r in readers]
+            ksoftirqd = _ksoftirqd(OTHERS_CPU)
+            others: dict[str, float] = {}  # the readers' CPU's time by kind, over the rounds
+            ksoftirqd_seconds = 0.0
+            drops = [0] * len(softnet_drops())
+            tcp = dict.fromkeys(("RetransSegs", "TCPLossProbes", "TCPTimeouts"), 0)
             fanouts: list[float] = []  # per round, the longest of the replicas' write loops (s)
             for k in range(1, rounds + 1):
                 loops_before = [await fanout_seconds(http, g.port) for g in gateways]
                 before = [cpu_split(pid) for pid in pids]
-                readers_before = sum(sum(cpu_split(pid)) for pid in reader_pids)
+                readers_before = [cpu_split(pid) for pid in reader_pids]
                 rx_before = net_rx_softirqs()
+                others_before = cpu_split_of(OTHERS_CPU)
+                ksoftirqd_before = sum(cpu_split(ksoftirqd)) if ksoftirqd else 0.0
+                drops_before = softnet_drops()
+                tcp_before = tcp_counters()
                 change = await http.post(f"{control}/change/tools")
                 if change.status_code != 200:
                     raise RuntimeError(f"round {k}: the backend answered {change.status_code}: {change.text[:300]}")
@@ -502,7 +720,15 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
                     u1, s1 = cpu_split(pid)
                     user, system = user + u1 - u, system + s1 - s
                 net_rx = [t + b - a for t, a, b in zip(net_rx, rx_before, net_rx_softirqs(), strict=True)]
-                reader_cpu += sum(sum(cpu_split(pid)) for pid in reader_pids) - readers_before
+                for pid, (u, s) in zip(reader_pids, readers_before, strict=True):
+                    u1, s1 = cpu_split(pid)
+                    reader_user, reader_system = reader_user + u1 - u, reader_system + s1 - s
+                for kind, value in cpu_split_of(OTHERS_CPU).items():
+                    others[kind] = others.get(kind, 0.0) + value - others_before[kind]
+                ksoftirqd_seconds += (sum(cpu_split(ksoftirqd)) if ksoftirqd else 0.0) - ksoftirqd_before
+                drops = [t + b - a for t, a, b in zip(drops, drops_before, softnet_drops(), strict=True)]
+                for key, value in tcp_counters().items():
+                    tcp[key] = tcp.get(key, 0) + value - tcp_before.get(key, 0)
                 loops = [await fanout_seconds(http, g.port) for g in gateways]
                 if None not in loops and None not in loops_before:
                     fanouts.append(max(b - a for a, b in zip(loops_before, loops, strict=True)))  # type: ignore[operator]
@@ -554,7 +780,18 @@ async def _measure(n: int, rounds: int, *, replicas: int, tree: str | None, pinn
         # The readers' CPU (user+system) per delivery: what the other core spends receiving
         # (mostly the kernel's: their reads, and the ACKs they send, whose input into the
         # gateway's sockets loopback runs in the readers' system calls).
-        "reader_us_per_delivery": reader_cpu / (n * rounds) * 1e6,
+        "reader_us_per_delivery": (reader_user + reader_system) / (n * rounds) * 1e6,
+        "reader_user_us_per_delivery": reader_user / (n * rounds) * 1e6,
+        "reader_sys_us_per_delivery": reader_system / (n * rounds) * 1e6,
+        # The readers' CPU by kind during the rounds, µs per delivery (/proc/stat: its softirq
+        # time is not in any process's), and ksoftirqd's share of it.
+        "others_cpu_us_per_delivery": {k: v / (n * rounds) * 1e6 for k, v in others.items()},
+        "ksoftirqd_us_per_delivery": ksoftirqd_seconds / (n * rounds) * 1e6,
+        # Packets dropped because a CPU's input backlog was full, per CPU, and TCP's
+        # retransmissions during the rounds: a dropped segment reaches its reader only when
+        # TCP sends it again (a probe or a timeout, 200 ms or more later on loopback).
+        "backlog_drops_per_cpu": drops,
+        "tcp_retransmits": tcp,
         # NET_RX softirqs per CPU during the rounds: on which CPU packet input ran.
         "net_rx_per_cpu": net_rx,
     }
@@ -578,7 +815,19 @@ def line(r: dict[str, float]) -> str:
     loop = "-" if r["loop_p50_ms"] is None else f"{r['loop_p50_ms']:.1f}/{r['loop_max_ms']:.1f}"
     return (f"{r['readers']:>7} {r['steering']:>8} {r['n']:>7} {r['replicas']:>4} {r['upstreams']:>5} {str(r['complete']):>11} {r['open_s']:>8.1f} "
             f"{cpu:<21}{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['last_p50_ms']:>9.1f} "
-            f"{r['last_p99_ms']:>9.1f} {r['first_p50_ms']:>9.1f} {loop:>13} {r['rss_per_stream_kb']:>8.1f} KB {r['reader_us_per_delivery']:>14.1f}  {'/'.join(map(str, r['net_rx_per_cpu']))}")
+            f"{r['last_p99_ms']:>9.1f} {r['first_p50_ms']:>9.1f} {loop:>13} {r['rss_per_stream_kb']:>8.1f} KB {r['reader_us_per_delivery']:>14.1f}  {'/'.join(map(str, r['net_rx_per_cpu']))}"
+            f"\n{'':>7} {readers_side(r)}")
+
+
+def readers_side(r: dict) -> str:
+    """The readers' CPU, µs per delivery: their processes (user+sys), and the CPU by kind; the
+    backlog drops per CPU and TCP's retransmissions during the rounds."""
+    kinds = " ".join(f"{k} {v:.1f}" for k, v in r["others_cpu_us_per_delivery"].items() if v)
+    return (f"{r['reader_processes']} reader process(es), backlog {r['backlog']}: "
+            f"readers' processes {r['reader_user_us_per_delivery']:.1f}+{r['reader_sys_us_per_delivery']:.1f} µs/dlv; "
+            f"CPU {OTHERS_CPU}: {kinds} (ksoftirqd {r['ksoftirqd_us_per_delivery']:.1f}); "
+            f"backlog drops {'/'.join(map(str, r['backlog_drops_per_cpu']))}; "
+            + " ".join(f"{k} {v}" for k, v in r["tcp_retransmits"].items()))
 
 
 def main() -> int:
@@ -591,12 +840,19 @@ def main() -> int:
     parser.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
                         help="niceness of every process of the run (default -10 as root, as bench/run.py)")
     parser.add_argument("--perf", help="perf record -g the gateway(s) during the rounds into this file")
+    parser.add_argument("--perf-cpu", type=int, help="with --perf: record everything on this CPU instead "
+                                                     f"(the readers' is {OTHERS_CPU}: their processes and softirqs)")
     parser.add_argument("--steering", nargs="+", choices=STEERING, default=["loopback"],
                         help="loopback packet steering for each measurement (rfs: the readers' TCP input "
                              "on their own CPU, as over a network); several: each N in each mode")
     parser.add_argument("--readers", nargs="+", choices=READERS, default=["paced"],
                         help="the readers (READERS: paced = not woken per segment, checks every notification; "
                              "woken = the first rounds' reader); several: each N in each")
+    parser.add_argument("--reader-processes", type=int, nargs="+", default=[READER_PROCESSES],
+                        help="how many reader processes share the N streams; several: each N with each")
+    parser.add_argument("--backlog", type=int, nargs="+", default=[0],
+                        help="net.core.netdev_max_backlog for each measurement (0: as the machine has it; "
+                             "_MAX_BACKLOG says why); several: each N with each")
     parser.add_argument("--reader", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ports", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, help=argparse.SUPPRESS)
@@ -606,6 +862,9 @@ def main() -> int:
     if args.reader:
         if args.cpu is not None:
             os.sched_setaffinity(0, {args.cpu})
+        if args.readers[0] == "epoll":
+            _epoll_reader_main([int(p) for p in args.ports.split(",")], args.first, args.count)
+            return 0
         with contextlib.suppress(ImportError):
             import uvloop
             uvloop.install()
@@ -615,10 +874,12 @@ def main() -> int:
     print(HEADER)
     for n in args.clients:
         for steer in args.steering:
-            for readers in args.readers:
+            for readers, processes, backlog in ((r, p, b) for b in args.backlog for r in args.readers
+                                                for p in args.reader_processes):
                 r = asyncio.run(measure(n, args.rounds, replicas=args.replicas, tree=args.gateway_tree,
-                                        pinned=not args.no_pin, nice=args.nice, perf=args.perf, steer=steer,
-                                        readers=readers))
+                                        pinned=not args.no_pin, nice=args.nice, perf=args.perf,
+                                        perf_cpu=args.perf_cpu, steer=steer,
+                                        readers=readers, reader_processes=processes, backlog=backlog or None))
                 print(line(r), flush=True)
     return 0
 

@@ -965,25 +965,32 @@ def wl_listen_fanout(ctx: Context) -> Report:
         label, _, tree = spec.partition("=")
         trees.append((label, tree))
     steerings = [m.strip() for m in ctx.args.listen_steering.split(",") if m.strip()]
-    rep = Report(["N", "gateway", "replicas", "loopback steering", "readers", "upstream listens",
+    processes = [int(m) for m in ctx.args.listen_reader_processes.split(",") if m.strip()]
+    backlogs = [int(m) for m in ctx.args.listen_backlog.split(",") if m.strip()]
+    rep = Report(["N", "gateway", "replicas", "loopback steering", "readers", "reader processes",
+                  "input backlog", "upstream listens",
                   "every client got every one", "open all (s)",
                   "gateway CPU µs/delivery (user+sys)", "delivery p50 ms", "delivery p99 ms",
                   "to last client p50 ms", "to last client p99 ms", "to first client p50 ms",
                   "gateway write loop p50 / max ms", "gateway RSS per idle stream KB",
-                  "readers CPU µs/delivery", "NET_RX softirqs per CPU"])
+                  "readers CPU µs/delivery", "NET_RX softirqs per CPU", "backlog drops per CPU",
+                  "TCP retransmits (loss probes, timeouts)"])
     for n in sizes:
         rounds = 3 if ctx.args.smoke else (20 if n <= 10_000 else 10)
-        for replicas, steer, readers in ((r, m, d) for r in ((1,) if ctx.args.smoke else (1, 2)) for m in steerings
-                                         for d in reader_modes):
+        for replicas, steer, backlog, readers, procs in (
+                (r, m, b, d, k) for r in ((1,) if ctx.args.smoke else (1, 2)) for m in steerings
+                for b in backlogs for d in reader_modes for k in processes):
             for label, tree in trees:  # trees back to back at each size: the same machine state
-                what = f"N={n} {label} x{replicas} steering={steer} readers={readers}"
+                what = (f"N={n} {label} x{replicas} steering={steer} backlog={backlog or 'as is'} "
+                        f"readers={readers} x{procs}")
                 log(f"  listen fan-out {what}, {rounds} rounds")
                 r = None
                 for attempt in (1, 2):  # once more after a failure: free ports race other tenants
                     try:
                         r = asyncio.run(listen_fanout.measure(n, rounds, replicas=replicas, tree=tree,
                                                               pinned=not ctx.args.no_pin, nice=ctx.args.nice,
-                                                              steer=steer, readers=readers))
+                                                              steer=steer, readers=readers,
+                                                              reader_processes=procs, backlog=backlog or None))
                         break
                     except Exception as e:  # one failed size must not cost the others their figures
                         log(f"  {what} attempt {attempt} FAILED: {type(e).__name__}: {e}")
@@ -995,14 +1002,17 @@ def wl_listen_fanout(ctx: Context) -> Report:
                 rep.raw.append(r)
                 loop = ("-" if r["loop_p50_ms"] is None
                         else f"{r['loop_p50_ms']:.1f} / {r['loop_max_ms']:.1f}")
-                rep.rows.append([f"{n:,}", label, str(replicas), steer, readers, str(r["upstreams"]),
+                rep.rows.append([f"{n:,}", label, str(replicas), steer, readers, str(procs), str(r["backlog"]),
+                                 str(r["upstreams"]),
                                  str(r["complete"]), f"{r['open_s']:.1f}",
                                  f"{r['cpu_us_per_delivery']:.1f} ({r['user_us_per_delivery']:.1f}+"
                                  f"{r['sys_us_per_delivery']:.1f})",
                                  f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['last_p50_ms']:.1f}",
                                  f"{r['last_p99_ms']:.1f}", f"{r['first_p50_ms']:.1f}", loop,
                                  f"{r['rss_per_stream_kb']:.1f}",
-                                 f"{r['reader_us_per_delivery']:.1f}", "/".join(map(str, r["net_rx_per_cpu"]))])
+                                 f"{r['reader_us_per_delivery']:.1f}", "/".join(map(str, r["net_rx_per_cpu"])),
+                                 "/".join(map(str, r["backlog_drops_per_cpu"])),
+                                 "{RetransSegs} ({TCPLossProbes}, {TCPTimeouts})".format_map(r["tcp_retransmits"])])
                 if r["upstreams"] != 1:
                     rep.failures.append(f"{what}: the backend held {r['upstreams']} upstream listens, expected 1")
                 if not r["complete"]:
@@ -1255,7 +1265,15 @@ def main(argv=None) -> int:
     p.add_argument("--listen-readers", default="paced",
                    help="listen-fanout: the reader processes, each N with each (bench/listen_fanout.py READERS: "
                         "paced = not woken per segment, checks every notification; woken = the first two "
-                        "rounds' reader), e.g. woken,paced")
+                        "rounds' reader; epoll = paced's check on one raw epoll loop, no asyncio), e.g. "
+                        "woken,paced,epoll")
+    p.add_argument("--listen-reader-processes", default="2",
+                   help="listen-fanout: how many reader processes share the N streams, comma list, each N "
+                        "with each (default 2)")
+    p.add_argument("--listen-backlog", default="0",
+                   help="listen-fanout: net.core.netdev_max_backlog during each measurement, comma list, each "
+                        "N with each; 0 = as the machine has it (bench/listen_fanout.py _MAX_BACKLOG says "
+                        "why a run may raise it), e.g. 0,30000")
     p.add_argument("--listen-sizes", default="",
                    help="listen-fanout: the N to measure, comma list ('max' = the descriptor limit); default "
                         "1000,10000,max")

@@ -1,11 +1,13 @@
 """bench/listen_fanout.py's `paced` reader checks every notification it counts: the method and
 the stream's own listen id, on the bytes the gateway writes (its splice and chunk framing).
 Its fast path (a read equal to the last one that checked out) must count exactly what the
-full parse counts, however the reads split the stream."""
+full parse counts, however the reads split the stream. The `epoll` reader does the same on raw
+sockets, with a fast path of its own in front of the paced reader's."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from pathlib import Path
 
@@ -107,3 +109,90 @@ def test_several_notifications_in_one_read_are_each_counted_and_leave_the_fast_p
     s.data_received(one)
     s.data_received(one)
     assert len(s.arrivals) == 4 and s.expected == one
+
+
+# The `epoll` reader: the same streams on raw sockets (a socket pair per stream, so that each
+# write is one read), one epoll, its own fast path in front of `_CheckedStream.data_received`.
+
+
+@pytest.fixture()
+def epoll_reader():
+    reader = listen_fanout.EpollReader()
+    yield reader
+    reader.close()
+
+
+def epoll_stream(reader: listen_fanout.EpollReader, listen_id: str = "bench-7"):
+    """A stream of `reader` and the gateway's end of its socket."""
+    gateway_end, reader_end = socket.socketpair()
+    return reader.add(reader_end, listen_id), gateway_end
+
+
+def feed(reader: listen_fanout.EpollReader, end, *reads: bytes) -> None:
+    """Each of `reads` written by the gateway's end and read by one poll."""
+    for data in reads:
+        end.sendall(data)
+        assert reader.poll() == 1
+
+
+def test_the_epoll_reader_checks_the_gateways_chunks_and_takes_its_fast_path(epoll_reader):
+    s, end = epoll_stream(epoll_reader)
+    one = notification_for("bench-7")
+    feed(epoll_reader, end, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", ack_for("bench-7"),
+         *[one] * 5)
+    assert s.acked.done() and s.expected == one
+    assert len(s.arrivals) == 5 and epoll_reader.tally == [5] and s.wrong == 0
+    assert epoll_reader.poll() == 0  # nothing more to read
+    end.close()
+
+
+def test_the_epoll_reader_refuses_another_streams_id_and_counts_a_split_event_once(epoll_reader):
+    s, end = epoll_stream(epoll_reader)
+    other, other_end = epoll_stream(epoll_reader, "bench-8")
+    one = notification_for("bench-7")
+    feed(epoll_reader, end, ack_for("bench-7"), one, notification_for("bench-70"), one[:9], one[9:])
+    feed(epoll_reader, other_end, ack_for("bench-8"), notification_for("bench-8"), one)
+    assert len(s.arrivals) == 2 and s.wrong == 1
+    assert len(other.arrivals) == 1 and other.wrong == 1
+    assert epoll_reader.tally == [3]
+    end.close()
+    other_end.close()
+
+
+def test_a_closed_stream_is_counted_as_closed(epoll_reader):
+    s, end = epoll_stream(epoll_reader)
+    end.close()
+    assert epoll_reader.poll() == 1 and epoll_reader.closed == 1 and s.arrivals == []
+
+
+@pytest.mark.parametrize("reads", [
+    # Once the fast path is set: a read of exactly its bytes behind a partial event is not
+    # that notification (the slow path refuses the event the two make).
+    lambda one, wrong: [one, one, one[:10], one, one],
+    lambda one, wrong: [one, wrong, one, one + one, one, one[:-3], one[-3:], one],
+    lambda one, wrong: [one[:1], one[1:], one, b": keepalive\n\n", one, wrong[:5], wrong[5:], one],
+])
+def test_the_epoll_readers_fast_path_answers_what_the_full_parse_answers(epoll_reader, reads):
+    one, wrong = notification_for("bench-7"), notification_for("bench-17")
+    s, end = epoll_stream(epoll_reader)
+    parsed = stream()
+    for data in [ack_for("bench-7"), *reads(one, wrong)]:
+        feed(epoll_reader, end, data)
+        parsed.data_received(data)
+    assert (len(s.arrivals), s.wrong, s.pending, s.expected) == (
+        len(parsed.arrivals), parsed.wrong, parsed.pending, parsed.expected)
+    assert epoll_reader.tally == parsed.tally
+    end.close()
+
+
+def test_the_epoll_reader_reads_a_socket_until_it_is_empty(epoll_reader):
+    # Edge-triggered, a socket is ready once per arrival: what one read leaves (more than its
+    # buffer holds) must be read in the same poll, or it waits for the next arrival.
+    s, end = epoll_stream(epoll_reader)
+    feed(epoll_reader, end, ack_for("bench-7"))
+    many = notification_for("bench-7") * (2 * len(epoll_reader.buffer) // len(notification_for("bench-7")))
+    end.sendall(many)
+    assert epoll_reader.poll() == 1
+    assert len(s.arrivals) == many.count(b"list_changed") and s.wrong == 0 and s.pending == b""
+    assert epoll_reader.poll() == 0
+    end.close()
