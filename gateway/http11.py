@@ -65,6 +65,12 @@ MAX_HEADER_BYTES = 64 * 1024
 # 408 when no request is being answered (RFC 9110 §15.5.9; RFC 9112 §9.6 lets a server close).
 READ_TIMEOUT_SECONDS = 30.0
 _MIN_BODY_RATE = 500
+# After a refusal the client may still be sending (the rest of a body, a head that never ends).
+# Closed at once, its next bytes draw a TCP reset, and a reset can destroy the refusal before
+# the client reads it. So the connection is closed in stages, RFC 9112 §9.6 "Tear-down": the
+# answer and a FIN are sent, what still comes is read and dropped, and the connection is closed
+# when the client closes its side or after this long, whichever is first.
+_LINGER_SECONDS = 2.0
 # Requests read ahead while one is answered (pipelining). A parsed request costs far more
 # memory than its bytes (~45x for a bare GET), and the parser cannot stop in the middle of a
 # read, so one read of tiny requests could otherwise queue thousands of them.
@@ -251,7 +257,7 @@ class Http11Protocol(asyncio.Protocol):
     # Slots: a connection lives as long as its client, and a listen stream's connection is most
     # of what an idle stream costs (bench/README.md "Memory per idle stream").
     __slots__ = ("_began", "_chunk_bytes", "_defaults", "_defaults_source", "_expect_continue", "_frame_bytes",
-                 "_head_bytes", "_headers", "_in_head", "_progress", "_read_deadline", "_refused", "_url",
+                 "_head_bytes", "_headers", "_in_head", "_lingering", "_progress", "_read_deadline", "_refused", "_url",
                  "access_log", "active", "app", "app_state", "batch", "client", "closing", "direct", "drained",
                  "idle_since", "keep_alive_seconds", "loop", "parser", "parsing", "read_timeout_seconds",
                  "reading_paused", "root_path", "scheme", "server", "state", "sweeper", "transport", "waiting",
@@ -293,6 +299,7 @@ class Http11Protocol(asyncio.Protocol):
         # The refusal of a message that could not be read, held until the requests read before
         # it are answered (`_refuse`).
         self._refused: bytes | None = None
+        self._lingering = False  # refused and half-closed: what still comes is dropped (`_close_lingering`)
         self._defaults_source: Any = None
         self._defaults: tuple[bytes, int] = (b"", 0)
         # Per message being parsed.
@@ -342,6 +349,8 @@ class Http11Protocol(asyncio.Protocol):
         """The sweep: close a connection idle past the keep-alive timeout, or one whose
         client stopped sending the request it began (READ_TIMEOUT_SECONDS). Not while this
         side paused reading, nor while another request is answered (a pipelined head waits)."""
+        if self._lingering:
+            return  # closed by its own timer, or when the client closes its side
         deadline = self._read_deadline
         if deadline is not None:
             if (now >= deadline and not self.reading_paused
@@ -366,6 +375,25 @@ class Http11Protocol(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.batch.flush(self.transport)
             self.transport.close()
+
+    def _close_lingering(self) -> None:
+        """Close after a refusal, in stages (`_LINGER_SECONDS` says why): the refusal and a FIN
+        now, the rest when the client closes its side or the linger ends. A transport that
+        cannot half-close (TLS) is closed at once."""
+        self.closing = True
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.batch.flush(transport)
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._lingering = True
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()  # read (and drop) what comes, or its reset is what we avoid
+        self.loop.call_later(_LINGER_SECONDS, self._close)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -398,6 +426,8 @@ class Http11Protocol(asyncio.Protocol):
     # -- parsing (httptools callbacks) ------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # refused: what still comes is dropped until the close (`_close_lingering`)
         # Not idle from here on only once a message begins (`on_message_begin`): bytes that
         # begin none (the CRLFs the parser skips before a request line) are no activity.
         self._chunk_bytes = len(data)
@@ -458,7 +488,7 @@ class Http11Protocol(asyncio.Protocol):
         if self.active is None:
             if self.transport is not None and not self.transport.is_closing():
                 self.batch.write(self.transport, _refusal(status, text))
-            self._close()
+            self._close_lingering()
         else:
             self._read_deadline = None
             self._pause_reading()
@@ -759,7 +789,7 @@ class Http11Protocol(asyncio.Protocol):
         if self._refused is not None:  # the message after this one could not be read (`_refuse`)
             if self.transport is not None and not self.transport.is_closing():
                 self.batch.write(self.transport, self._refused)
-            self._close()
+            self._close_lingering()
             return
         self.idle_since = self.loop.time()
         self._resume_reading()

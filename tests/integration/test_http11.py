@@ -15,6 +15,7 @@ import orjson
 import pytest
 import uvicorn
 
+from gateway import http11
 from gateway.http11 import MAX_HEADER_BYTES, MAX_PIPELINED, Http11Protocol
 from tests.support.gateway import running_gateway
 from tests.support.sockets import read_now
@@ -464,8 +465,12 @@ async def test_a_client_that_stops_sending_its_request_is_cut_off() -> None:
         stalled, dribbled = sorted(len(b["body"]) for b in bodies)
         assert stalled == 1 and dribbled < 100_000
         # CRLFs before a request line are no request: the keep-alive clock runs (uvicorn's
-        # 60 s here), not the read timeout, and nothing is held beyond it.
+        # 60 s here), not the read timeout, and nothing is held beyond it: the refused
+        # connections are closing (`_close_lingering`), and gone once their linger ends.
         assert not read_now(crlfs).endswith(b"<EOF>")
+        for connection in list(server.server_state.connections):
+            assert connection.idle_since is not None or connection.closing
+        await asyncio.sleep(http11._LINGER_SECONDS + 0.5)
         for connection in list(server.server_state.connections):
             assert connection.idle_since is not None
         # A client that takes its time within the limits is served.
@@ -478,6 +483,35 @@ async def test_a_client_that_stops_sending_its_request_is_cut_off() -> None:
         assert bodies[-1] == {"gone": False, "body": b"ok"}
         for sock in (stalled_head, stalled_body, dribbled_head, dribbled_body, crlfs, patient):
             sock.close()
+
+
+async def test_a_refusal_after_the_answers_owed_ends_in_a_close_not_a_reset() -> None:
+    """RFC 9112 §9.6: a message that cannot be parsed, behind one being answered, is refused
+    after that answer, and the connection stops reading meanwhile. Closed at once with the
+    client's later bytes unread in the socket, the kernel answered with a reset, and the client
+    lost everything, the answer it was owed included; closed in stages (the refusal, a FIN,
+    what still comes read and dropped), it reads the answer, the refusal, then the end."""
+    release = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async with serving(app) as (port, _):
+        sock = connect(port)
+        sock.sendall(b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n")
+        await asyncio.sleep(0.2)  # being answered
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")  # refused, held until the answer before it
+        await asyncio.sleep(0.2)
+        assert dribble(sock, b"b" * 50_000)  # left unread: the connection stopped reading
+        await asyncio.sleep(0.2)
+        release.set()
+        answer = await closed(sock)  # a reset raises ConnectionResetError here
+        assert answer.startswith(b"HTTP/1.1 200 OK") and b"\r\n\r\nokHTTP/1.1 400" in answer, answer[:300]
+        sock.close()
 
 
 async def test_trailer_fields_are_not_merged_into_the_headers_and_are_capped() -> None:
