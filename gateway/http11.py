@@ -257,7 +257,8 @@ class Http11Protocol(asyncio.Protocol):
     # Slots: a connection lives as long as its client, and a listen stream's connection is most
     # of what an idle stream costs (bench/README.md "Memory per idle stream").
     __slots__ = ("_began", "_chunk_bytes", "_defaults", "_defaults_source", "_expect_continue", "_frame_bytes",
-                 "_head_bytes", "_headers", "_in_head", "_lingering", "_progress", "_read_deadline", "_refused", "_url",
+                 "_head_bytes", "_headers", "_in_head", "_lingering", "_progress", "_read_deadline", "_refused",
+                 "_url",
                  "access_log", "active", "app", "app_state", "batch", "client", "closing", "direct", "drained",
                  "idle_since", "keep_alive_seconds", "loop", "parser", "parsing", "read_timeout_seconds",
                  "reading_paused", "root_path", "scheme", "server", "state", "sweeper", "transport", "waiting",
