@@ -158,16 +158,7 @@ async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
                                cache={"store": args.cache}, security={"secret": "inprocess-bench-secret-0123456789"},
                                **extra)
     app = build_app(settings)
-    lifespan: asyncio.Queue[dict[str, str]] = asyncio.Queue()
-    started = asyncio.Event()
-
-    async def lifespan_send(message: dict[str, str]) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            started.set()
-
-    await lifespan.put({"type": "lifespan.startup"})
-    task = asyncio.ensure_future(app({"type": "lifespan"}, lifespan.get, lifespan_send))
-    await asyncio.wait_for(started.wait(), 30)
+    lifespan, task = await started(app)
     try:
         return await measure(app, args.mode, args.callers, args.requests, args.rounds, args.profile)
     finally:
