@@ -47,8 +47,9 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 
 
-def _inner(tree: str, requests: int, option: str, port: int, callers: int) -> None:
-    """Runs under valgrind: the tree's gateway app, warmed, then `requests` calls."""
+def tree_app(tree: str, option: str, port: int) -> tuple[Any, bytes, list[tuple[bytes, bytes]]]:
+    """The tree's gateway app as these counts run it, and the request they send: the tree's
+    gateway imported (not this bench's), `option` applied (see the module's docstring)."""
     sys.path[:0] = [tree]
     sys.path.append(str(BENCH))
     # The tree's gateway is imported before bench/inprocess.py, which puts *this* bench's tree
@@ -57,7 +58,7 @@ def _inner(tree: str, requests: int, option: str, port: int, callers: int) -> No
     from gateway.app import build_app
     from gateway.settings import GatewaySettings
 
-    from inprocess import call_once, request, started  # the same request as bench/inprocess.py
+    from inprocess import request  # the same request as bench/inprocess.py
 
     if not gateway.__file__.startswith(tree + os.sep):
         raise SystemExit(f"counted {gateway.__file__}, not the tree {tree}")
@@ -94,6 +95,13 @@ def _inner(tree: str, requests: int, option: str, port: int, callers: int) -> No
 
         logs._FLUSH_SECONDS = 3600.0
     body, headers = request("call")
+    return app, body, headers
+
+
+def _inner(tree: str, requests: int, option: str, port: int, callers: int) -> None:
+    """Runs under valgrind: the tree's gateway app, warmed, then `requests` calls."""
+    app, body, headers = tree_app(tree, option, port)
+    from inprocess import call_once, started
 
     async def one() -> None:
         await call_once(app, body, headers)
