@@ -527,16 +527,17 @@ def _checks_made(backend: str) -> float:
                                          {"backend": backend, "result": result}) or 0 for result in ("ok", "failed"))
 
 
-async def test_an_active_check_asks_the_backend_itself_not_its_open_session(flaky):
+@pytest.mark.parametrize("era", ["legacy", "auto"])
+async def test_an_active_check_asks_the_backend_itself_not_its_open_session(flaky, era):
     """`server/discover` of a legacy backend is its open session's initialize, answered with no
     request: the active check pings that session as well, so a backend that fails every POST
     fails its checks and stays ejected (a check that passed on the remembered initialize alone
     ended the ejection at once, and the calls failed again), and one that answers again is
-    back at the next check."""
+    back at the next check. `era: auto`: the probed delegate's check."""
     server, url = flaky
     health = {"consecutive_failures": 1, "check_interval_seconds": 0.2, "check_timeout_seconds": 1,
               "failed_checks": 1}
-    async with running_gateway(settings(url, retries=0, health=health)) as gw, \
+    async with running_gateway(settings(url, era=era, retries=0, health=health)) as gw, \
             httpx.AsyncClient(timeout=30) as http:
         await still_serves(http, gw)  # the session is open
         backend = gw.runtime.snapshot.backends[0]
