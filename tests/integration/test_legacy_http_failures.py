@@ -533,7 +533,8 @@ async def test_an_active_check_asks_the_backend_itself_not_its_open_session(flak
     request: the active check pings that session as well, so a backend that fails every POST
     fails its checks and stays ejected (a check that passed on the remembered initialize alone
     ended the ejection at once, and the calls failed again), and one that answers again is
-    back at the next check. `era: auto`: the probed delegate's check."""
+    back at the next check, even with an error for `ping`. `era: auto`: the probed delegate's
+    check."""
     server, url = flaky
     health = {"consecutive_failures": 1, "check_interval_seconds": 0.2, "check_timeout_seconds": 1,
               "failed_checks": 1}
@@ -549,10 +550,17 @@ async def test_an_active_check_asks_the_backend_itself_not_its_open_session(flak
         await eventually(lambda: _checks_made("old") >= checks + 3, timeout=10)
         assert backend.health.ejected, "a check that never reached the backend ended its ejection"
         assert len(server.requests("ping")) >= 3
-        server.faults.clear()
+        # Calls served again, and `ping` answered with an error (a server without it): an answer
+        # all the same, so the next check passes and ends the ejection.
+        server.faults = {"ping": [_no_ping] * 1000}
         await eventually(lambda: not backend.health.ejected, timeout=10)
         await still_serves(http, gw)
     assert len(server.requests("initialize")) == 1  # every check pinged the one open session
+
+
+async def _no_ping(answer: Answer) -> None:
+    await answer.json({"jsonrpc": "2.0", "id": answer.message["id"],
+                       "error": {"code": -32601, "message": "Method not found"}})
 
 
 async def test_a_handshake_that_stalls_times_out_and_the_next_call_handshakes_again(flaky):
