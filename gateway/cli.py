@@ -1,4 +1,4 @@
-"""`mcp-gateway serve | check-config | routes | demo-backend`."""
+"""`mcp-gateway serve | check-config | routes | cache flush | pins list|accept | healthcheck | demo-backend`."""
 
 from __future__ import annotations
 

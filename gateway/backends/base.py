@@ -167,12 +167,13 @@ class Backend(abc.ABC):
 
     async def health_check(self) -> None:
         """One active check (health_checks.py), raising McpError when it fails: the canary
-        `tools/call` when one is configured, else a fresh `server/discover` (for a legacy
-        backend that is an initialize on a pooled session; for stdio, a round trip through
-        the live process)."""
+        `tools/call` when one is configured, else a fresh `server/discover` (for stdio, a
+        round trip through the live process) and `round_trip` (for a legacy backend, whose
+        `server/discover` is its open session's initialize, a `ping` on that session)."""
         canary = self.settings.health.canary
         if canary is None:
             await self.discover(max_age=0)
+            await self.round_trip()
             return
         reply = await self.send(internal_call("tools/call", {"name": canary.tool, "arguments": canary.arguments}))
         message = await reply.final()
@@ -183,6 +184,10 @@ class Backend(abc.ABC):
                                           f"{error.get('message') or 'isError result'}")
         if canary.expect is not None and canary.expect not in _text_of(result):
             raise rpc.backend_unavailable(self.name, f"canary {canary.tool!r} answered without {canary.expect!r}")
+
+    async def round_trip(self) -> None:
+        """What an active check adds to `discover(max_age=0)` so that it reaches the backend:
+        nothing here, where that discovery is itself a request to it."""
 
     @abc.abstractmethod
     async def send(self, call: Call) -> Reply:

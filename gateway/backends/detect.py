@@ -228,11 +228,11 @@ class AutoBackend(Backend):
                 self.era = era
             return self._delegates[self.era]
 
-    async def check_endpoint(self, index: int) -> None:
-        if self.era is None or not self.spread:
-            await self.health_check()
-            return
-        await self._delegates[self.era].check_endpoint(index)
+    async def round_trip(self) -> None:
+        # The discovery just made went through the delegate, and for a legacy one reached
+        # nothing once its session was open: the delegate's own check makes the round trip.
+        if self.era is not None:
+            await self._delegates[self.era].round_trip()
 
     async def send(self, call: Call) -> Reply:
         delegate = await self._delegate()

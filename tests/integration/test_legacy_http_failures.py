@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from gateway.backends.legacy.http import _MAX_RESUMES
 from tests.support import mcp_http
@@ -519,6 +520,47 @@ async def test_a_stream_without_event_ids_cannot_be_resumed(flaky, handler, code
 
 
 # -- stalls (http.py `_read_stream` timeout; backend.py `_named`) --------------------------------
+
+
+def _checks_made(backend: str) -> float:
+    return sum(REGISTRY.get_sample_value("mcp_gateway_backend_health_checks_total",
+                                         {"backend": backend, "result": result}) or 0 for result in ("ok", "failed"))
+
+
+@pytest.mark.parametrize("era", ["legacy", "auto"])
+async def test_an_active_check_asks_the_backend_itself_not_its_open_session(flaky, era):
+    """`server/discover` of a legacy backend is its open session's initialize, answered with no
+    request: the active check pings that session as well, so a backend that fails every POST
+    fails its checks and stays ejected (a check that passed on the remembered initialize alone
+    ended the ejection at once, and the calls failed again), and one that answers again is
+    back at the next check, even with an error for `ping`. `era: auto`: the probed delegate's
+    check."""
+    server, url = flaky
+    health = {"consecutive_failures": 1, "check_interval_seconds": 0.2, "check_timeout_seconds": 1,
+              "failed_checks": 1}
+    async with running_gateway(settings(url, era=era, retries=0, health=health)) as gw, \
+            httpx.AsyncClient(timeout=30) as http:
+        await still_serves(http, gw)  # the session is open
+        backend = gw.runtime.snapshot.backends[0]
+        server.faults["tools/call"] = [_http_503]
+        server.faults["ping"] = [_http_503] * 1000
+        gateway_error(await call(http, gw), 502, -31001)
+        assert backend.health.ejected
+        checks = _checks_made("old")
+        await eventually(lambda: _checks_made("old") >= checks + 3, timeout=10)
+        assert backend.health.ejected, "a check that never reached the backend ended its ejection"
+        assert len(server.requests("ping")) >= 3
+        # Calls served again, and `ping` answered with an error (a server without it): an answer
+        # all the same, so the next check passes and ends the ejection.
+        server.faults = {"ping": [_no_ping] * 1000}
+        await eventually(lambda: not backend.health.ejected, timeout=10)
+        await still_serves(http, gw)
+    assert len(server.requests("initialize")) == 1  # every check pinged the one open session
+
+
+async def _no_ping(answer: Answer) -> None:
+    await answer.json({"jsonrpc": "2.0", "id": answer.message["id"],
+                       "error": {"code": -32601, "message": "Method not found"}})
 
 
 async def test_a_handshake_that_stalls_times_out_and_the_next_call_handshakes_again(flaky):

@@ -6,7 +6,7 @@ their `error.type` and status ERROR, and each one's context is what that attempt
 backend. Real backends that fail the first attempt, one of each kind: a modern HTTP backend
 (503 to the first read of a key; an endpoint that refuses connections beside one that
 answers), a legacy Streamable HTTP backend and an HTTP+SSE backend (503 to the first
-`tools/list`), and a stdio backend whose process is down when the call arrives."""
+`tools/list`), and a stdio backend of each era whose process is down when the call arrives."""
 
 from __future__ import annotations
 
@@ -219,10 +219,18 @@ async def test_an_http_sse_list_answered_503_then_served_is_two_client_spans(spa
     assert [m["params"]["_meta"]["traceparent"] for m in lists] == [_traceparent(a) for a in attempts]
 
 
-async def test_a_stdio_call_that_finds_the_process_down_is_one_client_span_per_attempt(spans, client):
+# A stdio server of each era that starts in well under the restart backoff (no SDK import),
+# and a tool it lists.
+_STDIO_SERVERS = {"modern": ("raw_stdio.py", "echo"), "legacy": ("legacy_asking_stdio.py", "ask")}
+
+
+@pytest.mark.parametrize("era", ["modern", "legacy"])
+async def test_a_stdio_call_that_finds_the_process_down_is_one_client_span_per_attempt(spans, client, era):
     # The process is restarted 0.4 s after it dies; an attempt waits 0.15 s for it (then fails,
-    # never sent) and is retried: at least two attempts, the last one served.
-    backend = {"name": "pipe", "command": [sys.executable, str(FIXTURE_SERVERS / "raw_stdio.py")], "era": "modern",
+    # never sent) and is retried: at least two attempts, the last one served. Initialize-era:
+    # the write that fails is the new session's initialize.
+    script, tool = _STDIO_SERVERS[era]
+    backend = {"name": "pipe", "command": [sys.executable, str(FIXTURE_SERVERS / script)], "era": era,
                "restart_backoff_seconds": 0.4, "connect_timeout_seconds": 0.15, "retries": 5,
                "retry_backoff_seconds": 0.05, "retry_backoff_max_seconds": 0.1,
                "health": {"check_interval_seconds": 0, "consecutive_failures": 100}}
@@ -238,7 +246,7 @@ async def test_a_stdio_call_that_finds_the_process_down_is_one_client_span_per_a
         spans.clear()
         response = await mcp_http.post(client, gw.url, "tools/list", meta=_meta(4))
         assert response.status_code == 200, response.text
-        assert "echo" in [t["name"] for t in response.json()["result"]["tools"]]
+        assert tool in [t["name"] for t in response.json()["result"]["tools"]]
         assert process.pid not in (None, pid)
     trace = _trace(spans, 4)
     [fanout] = [s for s in trace if s.name == "fanout pipe"]

@@ -29,7 +29,7 @@ from gateway.backends.legacy.session import LegacySession
 from gateway.observability.tracing import traced
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol import meta
-from gateway.protocol.principal import Principal
+from gateway.protocol.principal import ANONYMOUS, Principal
 from gateway.protocol.request import Call
 from gateway.backends.replica import ReplicaContext
 from gateway.settings import BackendSettings
@@ -106,6 +106,25 @@ class LegacyBackend(Backend):
         await self.pool.aclose()
         await self.forwarder.aclose()
         await self.credentials.aclose()
+
+    async def round_trip(self) -> None:
+        """A `ping` on the pooled session (L-BASIC ping; the one `discover` opened or found).
+        `server/discover` is answered from that session's initialize, with no request once
+        the session is open: an active check on it alone would pass for a backend that
+        fails every call, and end its ejection."""
+        owner = await self.authorize(ANONYMOUS)  # whom internal calls (discovery) are made for
+        capabilities = self.session_capabilities({})
+        session = await self.pool.get(capabilities, owner)
+        used = session.last_used
+        pinged, exchange = await self.pool.request(capabilities, "ping", {}, owner=owner)
+        try:
+            # Any answer passes, an error one too (a server without `ping` answers -32601): as
+            # for calls (health.py), what fails is no answer, a refusal or a timeout.
+            await exchange.next(self.settings.health.check_timeout_seconds)
+        finally:
+            pinged.forget(exchange)
+            if pinged is session:
+                session.last_used = used  # a check is not a use: idle, it still closes (session_idle_seconds)
 
     # -- the one working method ---------------------------------------------------------
 

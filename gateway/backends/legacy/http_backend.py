@@ -14,7 +14,6 @@ from gateway.backends.legacy.backend import LegacyBackend
 from gateway.backends.legacy.http import HttpSession, NoListenStream
 from gateway.backends.legacy.session import LegacySession, SessionExpired
 from gateway.backends.replica import ReplicaContext
-from gateway.protocol import jsonrpc as rpc
 from gateway.settings import BackendSettings
 
 log = logging.getLogger("gateway.backends.legacy.http")
@@ -128,14 +127,14 @@ class LegacyHttpBackend(LegacyBackend):
         if pooled is not None:
             try:
                 exchange = await pooled.request("ping", {})
-                answer = await exchange.next(self.settings.health.check_timeout_seconds)
+                # Any answer passes, an error one too (a server without `ping` answers
+                # -32601): as for calls (health.py), what fails is no answer or a refusal.
+                await exchange.next(self.settings.health.check_timeout_seconds)
             except SessionExpired:
                 # The endpoint forgot the session (it restarted), or cannot be reached: the
                 # session is renewed, and the endpoint judged by an initialize of its own.
                 self._move(pooled)
             else:
-                if "result" not in answer:
-                    raise rpc.backend_unavailable(self.name, f"ping at {endpoint.label} failed: {answer.get('error')}")
                 return
         target = endpoint.target
         session = HttpSession(self.name, self.session_capabilities({}), lambda *_: None, client=self._client,
