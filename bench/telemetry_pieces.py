@@ -10,6 +10,7 @@ request's headers are decoded beforehand, as the first policy to ask would.
 
     python bench/telemetry_pieces.py              # every piece
     python bench/telemetry_pieces.py access-line  # one
+    python bench/telemetry_pieces.py --time       # each timed natively instead (ns per call, warm)
 
 Figures: bench/README.md "The ≤ 5 µs budget, counted right".
 """
@@ -21,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from callgrind import call_in_loop, count  # bench/ is on sys.path: these run as scripts
+from callgrind import call_in_loop, count, timed  # bench/ is on sys.path: these run as scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 PIECES = ("empty", "access-line", "record", "finish", "note-answer", "backend-call", "backend-answer",
@@ -106,13 +107,18 @@ def main() -> int:
     if sys.argv[1:2] == ["--inner"]:
         _inner(sys.argv[2], int(sys.argv[3]))
         return 0
-    wanted = sys.argv[1:] or list(PIECES)
+    clock = "--time" in sys.argv[1:]
+    wanted = [a for a in sys.argv[1:] if a != "--time"] or list(PIECES)
     baselines = {"empty", *("bare-app" for piece in wanted if piece == "telemetry-step")}
-    per_call = {piece: (_count(piece, 22_000) - _count(piece, 2_000)) / 20_000 for piece in (*baselines, *wanted)}
+    if clock:
+        per_call = {piece: timed(__file__, piece, 20_000) for piece in (*baselines, *wanted)}
+    else:
+        per_call = {piece: (_count(piece, 22_000) - _count(piece, 2_000)) / 20_000 for piece in (*baselines, *wanted)}
     for piece in wanted:
         if piece != "empty":
             less = "bare-app" if piece == "telemetry-step" else "empty"
-            print(f"{piece}: {per_call[piece] - per_call[less]:,.0f} instructions per call", flush=True)
+            figure = per_call[piece] - per_call[less]
+            print(f"{piece}: {figure:,.0f} {'ns of CPU' if clock else 'instructions'} per call", flush=True)
     return 0
 
 
