@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from asyncio import get_running_loop
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -78,19 +79,20 @@ class Budget(Deadline):
     It is its own (coarse) deadline: `with budget:` bounds the call, no timer per call and no
     second object."""
 
-    __slots__ = ("target", "call", "seconds", "started", "phase")
+    __slots__ = ("target", "call", "seconds", "phase")
 
     def __init__(self, target: Target, call: Call) -> None:
+        # Deadline's own fields set here, not through its __init__: made for every call.
         self.target = target
         self.call = call
-        self.seconds = target.backend.settings.timeout_seconds
-        self.started = asyncio.get_running_loop().time()
-        super().__init__(self.started + self.seconds)
+        self.seconds = seconds = target.backend.settings.timeout_seconds
+        self.when = get_running_loop().time() + seconds
+        self._fired = False
         self.phase = "waiting for its answer"
 
     def exhausted(self) -> rpc.McpError:
         backend = self.target.backend
-        spent = asyncio.get_running_loop().time() - self.started
+        spent = get_running_loop().time() - (self.when - self.seconds)
         backend.health.failed(f"no {self.call.method} answer within {self.seconds:g}s")
         return rpc.McpError(
             rpc.BACKEND_TIMEOUT,
@@ -838,7 +840,7 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
     wants_logs = call.log_level is not None
     try:
         if budget is not None:
-            first = within(budget.started + budget.seconds)
+            first = within(budget.when)
             try:
                 with first:
                     msg = await anext(stream, None)
