@@ -487,52 +487,62 @@ class Dispatcher:
     # -- named calls ----------------------------------------------------------------------
 
     async def _named(self, call: Call) -> Reply:
-        assert call.name is not None
-        kind = "tool" if call.method == "tools/call" else "prompt"
+        name = call.name
+        assert name is not None
+        tool = call.method == "tools/call"  # else prompts/get
         arguments = call.params.get("arguments")
         if arguments is not None and not isinstance(arguments, dict):
             # SCHEMA: `arguments` of tools/call and prompts/get is an object; a malformed call
             # is -32602 (TOOLS). Forwarded, it reached the backend as something no tool can
             # take, and an `x-mcp-header` argument could not be found in it (§b.2).
             raise rpc.invalid_params(f'"params.arguments" of {call.method} must be an object', call.id)
-        resolved = self._resolve_name(call.name, "tools" if kind == "tool" else "prompts")
+        kinds = "tools" if tool else "prompts"
+        # The whole fleet's answer is the table's (`_resolve_name`, inline without a view).
+        resolved = self.table.resolve_name(name, kinds) if self.view is None else self._resolve_name(name, kinds)
         if resolved is None:
-            raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
-                                     data={"name": call.name})
+            raise rpc.invalid_params(f"Unknown {'tool' if tool else 'prompt'}: {name!r} (no backend serves this name)",
+                                     call.id, data={"name": name})
         target, upstream_name = resolved
+        if not tool:
+            return await self._forward_within_budget(target, call.with_name(upstream_name))
+        # What the table knows of the tool: its `x-mcp-header` annotations, None when no list
+        # showed it yet (then its label is "other", and the index is refreshed in the budget).
+        annotations = self.table.param_headers(target, upstream_name)
         record = CURRENT.get()
-        if record is not None and call.method == "tools/call":
-            record.tool_label = self._tool_label(target, upstream_name, call.name)
-        if call.method == "tools/call" and self.table.pins is not None:
+        if record is not None:
+            record.tool_label = name if name in self._tool_labels else self._tool_label(name, annotations is not None)
+        pins = self.table.pins
+        if pins is not None:
             # Before the budget: the pin store is the gateway's, not the backend's, and its
             # reads are bounded on their own (a failed read keeps the last copy, pins.py);
             # a slow store must not count against the backend's health.
-            await self.table.pins.reload_if_stale()
-            reason = self.table.pins.withheld(target.backend.name, upstream_name)
+            await pins.reload_if_stale()
+            reason = pins.withheld(target.backend.name, upstream_name)
             if reason is not None:
                 raise rpc.invalid_params(reason[0].upper() + reason[1:], call.id,
-                                         data={"backend": target.backend.name, "name": call.name, "pin": "changed"})
+                                         data={"backend": target.backend.name, "name": name, "pin": "changed"})
+            annotations = self.table.param_headers(target, upstream_name)  # a list may have come meanwhile
         budget = Budget(target, call)
         try:
             with budget:
-                if call.method == "tools/call":
+                if annotations is None:
                     budget.phase = "refreshing its tool index"
                     annotations = await self._param_annotations(target, upstream_name)
-                    if annotations:
-                        check_param_headers(call, annotations)
-                budget.phase = "waiting for its answer"
+                    budget.phase = "waiting for its answer"
+                if annotations:
+                    check_param_headers(call, annotations)
                 return await self._forward(target, call.with_name(upstream_name), budget)
         except TimeoutError:
             if not budget.expired():
                 raise
             raise budget.exhausted() from None
 
-    def _tool_label(self, target: Target, upstream_name: str, name: str) -> str:
+    def _tool_label(self, name: str, known: bool) -> str:
         """The tool's metric label: its client-facing name when the route table knows the tool
-        (a backend listed it), else "other" (label values never come from raw input)."""
+        (`known`: a backend listed it), else "other" (label values never come from raw input)."""
         if name in self._tool_labels:
             return name
-        if self.table.param_headers(target, upstream_name) is None or len(self._tool_labels) >= _MAX_TOOL_LABELS:
+        if not known or len(self._tool_labels) >= _MAX_TOOL_LABELS:
             return "other"
         self._tool_labels.add(name)
         return name
