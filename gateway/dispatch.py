@@ -690,7 +690,9 @@ class Dispatcher:
         probe = BackendCall(backend, call, tool) if tracing._tracer is not None else None
         started = time.perf_counter()
         sending = call if probe is None else probe.call  # traced: with the span's context
-        backend.retry_budget.deposit()
+        retry_budget = backend.retry_budget
+        if not retry_budget.full:  # a full budget stays full: the deposit is skipped
+            retry_budget.deposit()
         try:
             try:
                 reply = await backend.send(sending)
