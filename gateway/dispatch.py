@@ -760,14 +760,18 @@ class Dispatcher:
             raise budget.exhausted() from None
 
     async def _forward(self, target: Target, call: Call, budget: Budget | None = None) -> Reply:
-        under_way = _UnderWay(target.backend)
+        # Counted in the backend's in-flight calls while under way (what a reload's drain waits
+        # for): a whole answer uncounts it here, a stream hands it to an _UnderWay (no object
+        # per call for the common whole answer).
+        backend = target.backend
+        backend.in_flight += 1
         try:
             reply, probe = await self._send(target, call)
         except BaseException:
-            under_way.end()
+            backend.in_flight -= 1
             raise
         if reply.message is not None:
-            under_way.end()
+            backend.in_flight -= 1
             fixed = modernize(reply.message, call, reply.backend)
             if fixed is not reply.message:
                 reply.message, reply.raw = fixed, None
@@ -775,6 +779,7 @@ class Dispatcher:
         assert reply.stream is not None and probe is not None
         # A stream stays under way until it is relayed (its generator's end) or dropped unread
         # (the Reply's closer: a generator that never started runs no `finally`).
+        under_way = _UnderWay(backend)
         reply.closers.append(under_way.end)
         reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get(), budget,
                                          under_way)
@@ -782,13 +787,12 @@ class Dispatcher:
 
 
 class _UnderWay:
-    """One call counted in its backend's `in_flight` (what a reload's drain waits for),
-    uncounted once whichever way it ends."""
+    """A call counted in its backend's `in_flight` (by `_forward`, before it was sent), uncounted
+    once whichever way it ends."""
 
     __slots__ = ("_backend",)
 
     def __init__(self, backend: Backend) -> None:
-        backend.in_flight += 1
         self._backend: Backend | None = backend
 
     def end(self) -> None:

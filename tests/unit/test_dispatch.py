@@ -223,6 +223,37 @@ async def test_a_call_is_counted_in_flight_until_its_stream_ends_or_is_dropped_u
     assert a.in_flight == 0, "a stream dropped unread is no longer under way, and counted down once"
 
 
+async def test_a_whole_answer_or_a_failure_is_counted_in_flight_only_while_under_way():
+    """`_forward` counts a whole answer itself (no _UnderWay object): it is uncounted once the
+    answer is in, when the backend fails, and when the answer is not a valid modern one."""
+    a = tool_backend("a", ["t"])
+    dispatcher = await fleet(a)
+    seen: list[int] = []
+
+    def answer(call: Call) -> dict[str, Any]:
+        seen.append(a.in_flight)
+        return {"content": [], "resultType": "complete"}
+
+    a.handler = answers({"tools/call": answer})
+    await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert seen == [1] and a.in_flight == 0
+    a.handler = answers({"tools/call": lambda call: {"content": [], "resultType": "bogus"}})
+    with pytest.raises(rpc.McpError):
+        await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 0
+    a.handler = answers({})  # method not found: the backend's own error, a whole answer too
+    await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 0
+
+    def unreachable(call: Call) -> dict[str, Any]:
+        raise rpc.backend_unavailable("a", "connection refused", call.id)
+
+    a.handler = unreachable
+    with pytest.raises(rpc.McpError):
+        await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 0
+
+
 async def test_a_stream_that_ends_without_a_response_is_a_protocol_error():
     a = tool_backend("a", ["t"])
     dispatcher = await fleet(a)
