@@ -174,7 +174,8 @@ class Dispatcher:
             # children); the telemetry step ends it when the answer is sent.
             token = tracing.attach(tracing.open_server_span(record, call.headers))
         try:
-            reply = await self._route(call)
+            # `_route`, without its call when nothing governs: the handler's coroutine at once.
+            reply = await (self._route(call) if self._governed else self._handle(call))
         except rpc.McpError as exc:
             record.code, record.message = exc.code, exc.message
             raise
@@ -503,8 +504,10 @@ class Dispatcher:
             raise rpc.invalid_params(f"Unknown {'tool' if tool else 'prompt'}: {name!r} (no backend serves this name)",
                                      call.id, data={"name": name})
         target, upstream_name = resolved
+        # The same call when the backend's name is the client's (`with_name`, inline).
+        upstream = call if upstream_name == name else call.with_name(upstream_name)
         if not tool:
-            return await self._forward_within_budget(target, call.with_name(upstream_name))
+            return await self._forward_within_budget(target, upstream)
         # What the table knows of the tool: its `x-mcp-header` annotations, None when no list
         # showed it yet (then its label is "other", and the index is refreshed in the budget).
         annotations = self.table.param_headers(target, upstream_name)
@@ -531,7 +534,7 @@ class Dispatcher:
                     budget.phase = "waiting for its answer"
                 if annotations:
                     check_param_headers(call, annotations)
-                return await self._forward(target, call.with_name(upstream_name), budget)
+                return await self._forward(target, upstream, budget)
         except TimeoutError:
             if not budget.expired():
                 raise
