@@ -254,6 +254,33 @@ async def test_a_whole_answer_or_a_failure_is_counted_in_flight_only_while_under
     assert a.in_flight == 0
 
 
+async def test_a_success_through_the_dispatcher_resets_its_endpoint_only_when_whole_calls_report():
+    """`_send` reports a success to `health.single` itself (BackendHealth.succeeded, inline): a
+    success after failures puts the one endpoint's count back to 0, as `succeeded()` does, and
+    once the backend reports per endpoint the dispatcher's success changes nothing."""
+    a = tool_backend("a", ["t"], health={"consecutive_failures": 10})
+    dispatcher = await fleet(a)
+    ok = a.handler
+
+    def unreachable(call: Call) -> dict[str, Any]:
+        raise rpc.backend_unavailable("a", "connection refused", call.id)
+
+    endpoint = a.health.endpoints[0]
+    for per_endpoint in (False, True):
+        if per_endpoint:
+            a.health.reported_per_endpoint()
+            endpoint.failures = 2  # what the backend itself reported of that endpoint (still up)
+        else:
+            a.handler = unreachable
+            for _ in range(2):
+                with pytest.raises(rpc.McpError):
+                    await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+            assert endpoint.failures >= 2 and endpoint.up is False  # (retries are failures too)
+        a.handler = ok
+        await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+        assert (endpoint.failures, endpoint.up) == ((2, True) if per_endpoint else (0, True))
+
+
 async def test_a_stream_that_ends_without_a_response_is_a_protocol_error():
     a = tool_backend("a", ["t"])
     dispatcher = await fleet(a)
