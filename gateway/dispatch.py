@@ -775,10 +775,14 @@ class Dispatcher:
         except BaseException:
             backend.in_flight -= 1
             raise
-        if reply.message is not None:
+        message = reply.message
+        if message is not None:
             backend.in_flight -= 1
-            fixed = modernize(reply.message, call, reply.backend)
-            if fixed is not reply.message:
+            result = message.get("result")
+            if type(result) is dict and result.get("resultType") == "complete":
+                return reply  # what `modernize` answers for it, the same message: most answers
+            fixed = modernize(message, call, reply.backend)
+            if fixed is not message:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None and probe is not None

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.backends.base import internal_call
+from gateway.backends.base import Reply, internal_call
 from gateway.dispatch import Dispatcher, modernize
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call, parse_call
@@ -181,6 +181,35 @@ def test_modernize_refuses_result_types_the_call_cannot_take(method, params, res
     with pytest.raises(rpc.McpError) as caught:
         modernize({"jsonrpc": "2.0", "id": 5, "result": result}, request(method, **params), "a")
     assert caught.value.code == rpc.BACKEND_PROTOCOL_ERROR and caught.value.data == {"backend": "a"}
+
+
+async def test_a_whole_answer_forwarded_is_what_modernize_makes_of_it():
+    """`_forward` passes a `"resultType": "complete"` answer on without calling `modernize`:
+    for every kind of answer the reply is modernize's (the same object when it keeps it), or
+    the same refusal."""
+    a = tool_backend("a", ["t"])
+    dispatcher = await fleet(a)
+    answers_ = [{"content": [], "resultType": "complete"}, {"content": []}, {"content": [], "resultType": "task"},
+                {"content": [], "resultType": "surprise"}, {"content": [], "resultType": "input_required"},
+                {"error": {"code": rpc.LEGACY_RESOURCE_NOT_FOUND, "message": "gone"}},
+                {"error": {"code": -32000, "message": "no"}}, {"result": "done"}]
+    for answer in answers_:
+        message = {"jsonrpc": "2.0", "id": 5, **answer} if "error" in answer or "result" in answer else {
+            "jsonrpc": "2.0", "id": 5, "result": answer}
+        a.handler = lambda call, message=message: Reply("a", message=message)
+        call = request("tools/call", name="a__t", arguments={})
+        try:
+            expected: Any = modernize(message, call, "a")
+        except rpc.McpError as exc:
+            expected = exc
+        try:
+            got: Any = (await dispatcher.dispatch(call)).message
+        except rpc.McpError as exc:
+            got = exc
+        if isinstance(expected, rpc.McpError):
+            assert isinstance(got, rpc.McpError) and (got.code, got.message) == (expected.code, expected.message)
+        else:
+            assert got == expected and (got is message) == (expected is message), answer
 
 
 def test_modernize_refuses_an_answer_with_neither_result_nor_error_object():
