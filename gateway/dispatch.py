@@ -204,14 +204,16 @@ class Dispatcher:
 
     def _handle(self, call: Call) -> Awaitable[Reply]:
         method = call.method
+        # Named calls first: most requests are tools/call (the methods are disjoint, so the
+        # order decides nothing else).
+        if method in ("tools/call", "prompts/get"):
+            return self._named(call)
         if method == "server/discover":
             return self._discover(call)
         spec = call.spec
         assert spec is not None
         if spec.list_key is not None:
             return self._list(call)
-        if method in ("tools/call", "prompts/get"):
-            return self._named(call)
         if method == "resources/read":
             return self._read(call)
         if method == "completion/complete":
