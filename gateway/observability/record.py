@@ -25,13 +25,11 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 # Generated ids: this process's random prefix and a counter, unique across a fleet's replicas
 # without a random draw per request.
 _PREFIX = os.urandom(6).hex()
-_counter = count(1)
+# `new_request_id()` is `f"{_PREFIX}-{n:x}"` for n = 1, 2, ...: the next item of a map over a
+# counter, so that making an id runs in C (str.format), with no Python frame per request.
+new_request_id: Callable[[], str] = map(f"{_PREFIX}-{{:x}}".format, count(1)).__next__
 # Error answers are decoded for their JSON-RPC code only when small (they always are).
 _MAX_ERROR_BODY = 64 * 1024
-
-
-def new_request_id() -> str:
-    return f"{_PREFIX}-{next(_counter):x}"
 
 
 def request_id_from(header: str | None) -> str:
