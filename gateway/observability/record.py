@@ -118,19 +118,23 @@ class RequestRecord:
         """The JSON-RPC outcome of the final answer: its error, or isError/resultType."""
         if message is None:
             return
-        error = message.get("error")
-        if isinstance(error, dict):
-            self.code = error.get("code") if type(error.get("code")) is int else None
-            if self.code is None:
-                self.code = -32603
-            msg = error.get("message")
-            self.message = msg if isinstance(msg, str) else None
-            return
         result = message.get("result")
-        if isinstance(result, dict):
-            self.tool_error = result.get("isError") is True
-            rtype = result.get("resultType")
-            self.result_type = rtype if rtype in ("complete", "input_required", "task") else None
+        # A result object and no "error" at all (most answers) goes straight to the result's
+        # reading; anything else is read as it always was: an error object first.
+        if type(result) is not dict or "error" in message:
+            error = message.get("error")
+            if isinstance(error, dict):
+                self.code = error.get("code") if type(error.get("code")) is int else None
+                if self.code is None:
+                    self.code = -32603
+                msg = error.get("message")
+                self.message = msg if isinstance(msg, str) else None
+                return
+            if not isinstance(result, dict):
+                return
+        self.tool_error = result.get("isError") is True
+        rtype = result.get("resultType")
+        self.result_type = rtype if rtype in ("complete", "input_required", "task") else None
 
 
 CURRENT: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("mcp_gateway_request", default=None)
