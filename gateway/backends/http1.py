@@ -562,7 +562,7 @@ class _Slots:
     calls and their generator per request. A slot freed while callers wait is handed to the
     oldest directly (`release`), so a newcomer never overtakes them."""
 
-    __slots__ = ("free", "_waiters")
+    __slots__ = ("_waiters", "free")
 
     def __init__(self, count: int) -> None:
         self.free = count

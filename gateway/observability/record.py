@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from itertools import count
 from typing import Any
 
@@ -76,7 +76,7 @@ class RequestRecord:
     noted = False                   # a call was noted (the first dispatch of the request)
 
     def __init__(self, request_id: str, started: float, era: str, scope: dict[str, Any],
-                 send: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> None:
+                 send: Callable[[MutableMapping[str, Any]], Awaitable[None]] | None = None) -> None:
         self.request_id = request_id
         self.started = started
         self.era = era                  # the client's: modern, legacy
@@ -88,7 +88,7 @@ class RequestRecord:
         self.downstream = send
         self.error_body: list[bytes] | None = None  # an error answer's body, while it arrives
 
-    def send_noting(self, message: dict[str, Any]) -> Awaitable[None]:
+    def send_noting(self, message: MutableMapping[str, Any]) -> Awaitable[None]:
         """The app's `send`: notes the answer's status (and an error answer's JSON-RPC code from
         its body) and echoes the request id. A plain method handing back the server's own
         awaitable: an `async def` would make one more coroutine per message sent."""
