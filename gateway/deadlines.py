@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from asyncio import current_task, get_running_loop
 from types import TracebackType
 
 TICK_SECONDS = 0.05
@@ -29,10 +30,8 @@ class _Wheel:
         self.pending: dict[Deadline, None] = {}
         self.ticker: asyncio.Task[None] | None = None
 
-    def add(self, deadline: Deadline) -> None:
-        self.pending[deadline] = None
-        if self.ticker is None:
-            self.ticker = self.loop.create_task(self._tick(), name="deadlines")
+    def start(self) -> None:
+        self.ticker = self.loop.create_task(self._tick(), name="deadlines")
 
     async def _tick(self) -> None:
         try:
@@ -48,14 +47,12 @@ class _Wheel:
 
 _wheels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wheel] = weakref.WeakKeyDictionary()
 # The last loop's wheel: a process serves from one loop, and the weak mapping costs a lookup.
-_last: tuple[asyncio.AbstractEventLoop | None, _Wheel | None] = (None, None)
+# (None: no loop yet; a running loop is never None, so the pair is replaced at the first use.)
+_last: tuple[asyncio.AbstractEventLoop | None, _Wheel] = (None, None)  # type: ignore[assignment]
 
 
 def _wheel_of(loop: asyncio.AbstractEventLoop) -> _Wheel:
     global _last
-    last_loop, wheel = _last
-    if last_loop is loop and wheel is not None:
-        return wheel
     wheel = _wheels.get(loop)
     if wheel is None:
         wheel = _wheels[loop] = _Wheel(loop)
@@ -64,44 +61,52 @@ def _wheel_of(loop: asyncio.AbstractEventLoop) -> _Wheel:
 
 
 class Deadline:
-    """One `with` block (in a task) bounded by loop time `when`."""
+    """One `with` block (in a task) bounded by loop time `when`.
+
+    Entering and leaving are on every pass-through call's path, so they are written for it:
+    the fields only `__enter__` needs are set there (not in `__init__` as well), the last
+    loop's wheel is probed inline (`_wheel_of` only for another loop), and a pending deadline
+    is a dict insert, the ticker started only when none runs."""
 
     __slots__ = ("when", "_task", "_fired", "_wheel", "_cancelling", "__weakref__")
 
     def __init__(self, when: float) -> None:
         self.when = when
-        self._task: asyncio.Task[object] | None = None
         self._fired = False
-        self._wheel: _Wheel | None = None
-        self._cancelling = 0
 
     def expired(self) -> bool:
         return self._fired
 
     def fire(self) -> None:
+        # Only a deadline that was entered fires (the wheel holds entered ones only).
         if self._task is not None and not self._task.done():
             self._fired = True
             self._task.cancel()
 
     def __enter__(self) -> Deadline:
-        loop = asyncio.get_running_loop()
-        wheel = _wheel_of(loop)
-        self._task = task = asyncio.current_task(loop)
-        self._cancelling = task.cancelling() if task is not None else 0
+        loop = get_running_loop()
+        last_loop, wheel = _last
+        if last_loop is not loop:
+            wheel = _wheel_of(loop)
         self._wheel = wheel
+        self._task = task = current_task(loop)
+        # What was asked of the task before this block: `__exit__` tells our cancellation
+        # from another one by it (as asyncio.timeout does).
+        self._cancelling = task.cancelling() if task is not None else 0
         if self.when <= loop.time():
             self.fire()
         else:
-            wheel.add(self)
+            wheel.pending[self] = None
+            if wheel.ticker is None:
+                wheel.start()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:
-        assert self._wheel is not None
         self._wheel.pending.pop(self, None)
-        if self._fired and self._task is not None:
+        if self._fired:
             # Take our cancellation back; another one (the client left) still stands.
-            if self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
+            if self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:  # type: ignore[union-attr]
                 raise TimeoutError from exc
         return False
 

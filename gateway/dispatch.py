@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from asyncio import get_running_loop
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -78,19 +79,20 @@ class Budget(Deadline):
     It is its own (coarse) deadline: `with budget:` bounds the call, no timer per call and no
     second object."""
 
-    __slots__ = ("target", "call", "seconds", "started", "phase")
+    __slots__ = ("target", "call", "seconds", "phase")
 
     def __init__(self, target: Target, call: Call) -> None:
+        # Deadline's own fields set here, not through its __init__: made for every call.
         self.target = target
         self.call = call
-        self.seconds = target.backend.settings.timeout_seconds
-        self.started = asyncio.get_running_loop().time()
-        super().__init__(self.started + self.seconds)
+        self.seconds = seconds = target.backend.settings.timeout_seconds
+        self.when = get_running_loop().time() + seconds
+        self._fired = False
         self.phase = "waiting for its answer"
 
     def exhausted(self) -> rpc.McpError:
         backend = self.target.backend
-        spent = asyncio.get_running_loop().time() - self.started
+        spent = get_running_loop().time() - (self.when - self.seconds)
         backend.health.failed(f"no {self.call.method} answer within {self.seconds:g}s")
         return rpc.McpError(
             rpc.BACKEND_TIMEOUT,
@@ -172,7 +174,8 @@ class Dispatcher:
             # children); the telemetry step ends it when the answer is sent.
             token = tracing.attach(tracing.open_server_span(record, call.headers))
         try:
-            reply = await self._route(call)
+            # `_route`, without its call when nothing governs: the handler's coroutine at once.
+            reply = await (self._route(call) if self._governed else self._handle(call))
         except rpc.McpError as exc:
             record.code, record.message = exc.code, exc.message
             raise
@@ -201,14 +204,16 @@ class Dispatcher:
 
     def _handle(self, call: Call) -> Awaitable[Reply]:
         method = call.method
+        # Named calls first: most requests are tools/call (the methods are disjoint, so the
+        # order decides nothing else).
+        if method in ("tools/call", "prompts/get"):
+            return self._named(call)
         if method == "server/discover":
             return self._discover(call)
         spec = call.spec
         assert spec is not None
         if spec.list_key is not None:
             return self._list(call)
-        if method in ("tools/call", "prompts/get"):
-            return self._named(call)
         if method == "resources/read":
             return self._read(call)
         if method == "completion/complete":
@@ -485,52 +490,64 @@ class Dispatcher:
     # -- named calls ----------------------------------------------------------------------
 
     async def _named(self, call: Call) -> Reply:
-        assert call.name is not None
-        kind = "tool" if call.method == "tools/call" else "prompt"
+        name = call.name
+        assert name is not None
+        tool = call.method == "tools/call"  # else prompts/get
         arguments = call.params.get("arguments")
         if arguments is not None and not isinstance(arguments, dict):
             # SCHEMA: `arguments` of tools/call and prompts/get is an object; a malformed call
             # is -32602 (TOOLS). Forwarded, it reached the backend as something no tool can
             # take, and an `x-mcp-header` argument could not be found in it (§b.2).
             raise rpc.invalid_params(f'"params.arguments" of {call.method} must be an object', call.id)
-        resolved = self._resolve_name(call.name, "tools" if kind == "tool" else "prompts")
+        kinds = "tools" if tool else "prompts"
+        # The whole fleet's answer is the table's (`_resolve_name`, inline without a view).
+        resolved = self.table.resolve_name(name, kinds) if self.view is None else self._resolve_name(name, kinds)
         if resolved is None:
-            raise rpc.invalid_params(f"Unknown {kind}: {call.name!r} (no backend serves this name)", call.id,
-                                     data={"name": call.name})
+            raise rpc.invalid_params(f"Unknown {'tool' if tool else 'prompt'}: {name!r} (no backend serves this name)",
+                                     call.id, data={"name": name})
         target, upstream_name = resolved
+        # The same call when the backend's name is the client's (`with_name`, inline).
+        upstream = call if upstream_name == name else call.with_name(upstream_name)
+        if not tool:
+            return await self._forward_within_budget(target, upstream)
+        # What the table knows of the tool: its `x-mcp-header` annotations, None when no list
+        # showed it yet (then its label is "other", and the index is refreshed in the budget).
+        annotations = self.table.param_headers(target, upstream_name)
         record = CURRENT.get()
-        if record is not None and call.method == "tools/call":
-            record.tool_label = self._tool_label(target, upstream_name, call.name)
-        if call.method == "tools/call" and self.table.pins is not None:
+        if record is not None:
+            record.tool_label = name if name in self._tool_labels else self._tool_label(name, annotations is not None)
+        pins = self.table.pins
+        if pins is not None:
             # Before the budget: the pin store is the gateway's, not the backend's, and its
             # reads are bounded on their own (a failed read keeps the last copy, pins.py);
             # a slow store must not count against the backend's health.
-            await self.table.pins.reload_if_stale()
-            reason = self.table.pins.withheld(target.backend.name, upstream_name)
+            await pins.reload_if_stale()
+            reason = pins.withheld(target.backend.name, upstream_name)
             if reason is not None:
                 raise rpc.invalid_params(reason[0].upper() + reason[1:], call.id,
-                                         data={"backend": target.backend.name, "name": call.name, "pin": "changed"})
+                                         data={"backend": target.backend.name, "name": name, "pin": "changed"})
+            annotations = self.table.param_headers(target, upstream_name)  # a list may have come meanwhile
         budget = Budget(target, call)
         try:
             with budget:
-                if call.method == "tools/call":
+                if annotations is None:
                     budget.phase = "refreshing its tool index"
                     annotations = await self._param_annotations(target, upstream_name)
-                    if annotations:
-                        check_param_headers(call, annotations)
-                budget.phase = "waiting for its answer"
-                return await self._forward(target, call.with_name(upstream_name), budget)
+                    budget.phase = "waiting for its answer"
+                if annotations:
+                    check_param_headers(call, annotations)
+                return await self._forward(target, upstream, budget)
         except TimeoutError:
             if not budget.expired():
                 raise
             raise budget.exhausted() from None
 
-    def _tool_label(self, target: Target, upstream_name: str, name: str) -> str:
+    def _tool_label(self, name: str, known: bool) -> str:
         """The tool's metric label: its client-facing name when the route table knows the tool
-        (a backend listed it), else "other" (label values never come from raw input)."""
+        (`known`: a backend listed it), else "other" (label values never come from raw input)."""
         if name in self._tool_labels:
             return name
-        if self.table.param_headers(target, upstream_name) is None or len(self._tool_labels) >= _MAX_TOOL_LABELS:
+        if not known or len(self._tool_labels) >= _MAX_TOOL_LABELS:
             return "other"
         self._tool_labels.add(name)
         return name
@@ -678,7 +695,9 @@ class Dispatcher:
         probe = BackendCall(backend, call, tool) if tracing._tracer is not None else None
         started = time.perf_counter()
         sending = call if probe is None else probe.call  # traced: with the span's context
-        backend.retry_budget.deposit()
+        retry_budget = backend.retry_budget
+        if not retry_budget.full:  # a full budget stays full: the deposit is skipped
+            retry_budget.deposit()
         try:
             try:
                 reply = await backend.send(sending)
@@ -699,7 +718,9 @@ class Dispatcher:
             (probe or BackendCall(backend, call, tool, started)).abandoned()
             raise
         if reply.status < 500:
-            health.succeeded()
+            endpoint = health.single  # health.succeeded(), inline: one call less per request
+            if endpoint is not None:
+                endpoint.succeeded()
         if slot is not None:
             _hold_until_done(reply, slot)
         if record is not None and record.backend is None:
@@ -746,21 +767,30 @@ class Dispatcher:
             raise budget.exhausted() from None
 
     async def _forward(self, target: Target, call: Call, budget: Budget | None = None) -> Reply:
-        under_way = _UnderWay(target.backend)
+        # Counted in the backend's in-flight calls while under way (what a reload's drain waits
+        # for): a whole answer uncounts it here, a stream hands it to an _UnderWay (no object
+        # per call for the common whole answer).
+        backend = target.backend
+        backend.in_flight += 1
         try:
             reply, probe = await self._send(target, call)
         except BaseException:
-            under_way.end()
+            backend.in_flight -= 1
             raise
-        if reply.message is not None:
-            under_way.end()
-            fixed = modernize(reply.message, call, reply.backend)
-            if fixed is not reply.message:
+        message = reply.message
+        if message is not None:
+            backend.in_flight -= 1
+            result = message.get("result")
+            if type(result) is dict and result.get("resultType") == "complete":
+                return reply  # what `modernize` answers for it, the same message: most answers
+            fixed = modernize(message, call, reply.backend)
+            if fixed is not message:
                 reply.message, reply.raw = fixed, None
             return reply
         assert reply.stream is not None and probe is not None
         # A stream stays under way until it is relayed (its generator's end) or dropped unread
         # (the Reply's closer: a generator that never started runs no `finally`).
+        under_way = _UnderWay(backend)
         reply.closers.append(under_way.end)
         reply.stream = _modernize_stream(reply.stream, call, reply.backend, probe, CURRENT.get(), budget,
                                          under_way)
@@ -768,13 +798,12 @@ class Dispatcher:
 
 
 class _UnderWay:
-    """One call counted in its backend's `in_flight` (what a reload's drain waits for),
-    uncounted once whichever way it ends."""
+    """A call counted in its backend's `in_flight` (by `_forward`, before it was sent), uncounted
+    once whichever way it ends."""
 
     __slots__ = ("_backend",)
 
     def __init__(self, backend: Backend) -> None:
-        backend.in_flight += 1
         self._backend: Backend | None = backend
 
     def end(self) -> None:
@@ -838,7 +867,7 @@ async def _modernize_stream(stream: AsyncIterator[Message], call: Call, backend:
     wants_logs = call.log_level is not None
     try:
         if budget is not None:
-            first = within(budget.started + budget.seconds)
+            first = within(budget.when)
             try:
                 with first:
                     msg = await anext(stream, None)

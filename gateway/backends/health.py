@@ -180,7 +180,9 @@ class BackendHealth:
         self.settings = settings
         self.endpoints = [EndpointHealth(self, label, settings, None if targets is None else targets[i])
                           for i, label in enumerate(endpoints)]
-        self._single = self.endpoints[0] if len(self.endpoints) == 1 else None
+        # The endpoint the dispatcher's whole-call reports go to (`succeeded`, `failed`; read
+        # by the dispatcher inline); None once the backend reports per endpoint.
+        self.single = self.endpoints[0] if len(self.endpoints) == 1 else None
         # True when no endpoint is in rotation: the one flag the hot path reads.
         self.ejected = False
         self.up: bool | None = None
@@ -218,23 +220,23 @@ class BackendHealth:
     # a backend with several reports each request to the endpoint that served it itself
     # (modern.py), since only it knows which one that was.
     def succeeded(self) -> None:
-        if self._single is not None:
-            self._single.succeeded()
+        if self.single is not None:
+            self.single.succeeded()
 
     def failed(self, reason: str) -> None:
-        if self._single is not None:
-            self._single.failed(reason)
+        if self.single is not None:
+            self.single.failed(reason)
 
     # -- the endpoint set ----------------------------------------------------------------
 
     def reported_per_endpoint(self) -> None:
         """The backend reports each request to the endpoint that served it (its set may
         change: DNS expansion, instances): the dispatcher's whole-call reports are ignored."""
-        self._single = None
+        self.single = None
 
     def add(self, label: str, target: Any = None) -> EndpointHealth:
         """A new endpoint, in rotation with fresh health (nothing said of it yet)."""
-        self._single = None
+        self.single = None
         endpoint = EndpointHealth(self, label, self.settings, target)
         self.endpoints.append(endpoint)
         # In rotation from now on, which its series says at once (an address that joined
@@ -246,7 +248,7 @@ class BackendHealth:
     def remove(self, endpoint: EndpointHealth) -> None:
         """Out of the set: no new call goes to it, the calls under way on it finish (it is
         drained, not ejected), and its metric series goes."""
-        self._single = None
+        self.single = None
         with contextlib.suppress(ValueError):
             self.endpoints.remove(endpoint)
         endpoint.removed = True

@@ -556,6 +556,49 @@ class _Pool:
             self._idle.pop()[0].close()
 
 
+class _Slots:
+    """The connections a client may have in use: what an `asyncio.Semaphore` does, with a free
+    slot taken synchronously (`take`, most requests) instead of a coroutine, two `locked()`
+    calls and their generator per request. A slot freed while callers wait is handed to the
+    oldest directly (`release`), so a newcomer never overtakes them."""
+
+    __slots__ = ("_waiters", "free")
+
+    def __init__(self, count: int) -> None:
+        self.free = count
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def take(self) -> bool:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def wait(self) -> None:
+        """Until a slot is handed over; a caller that gives up (cancelled, timed out) passes
+        on a slot handed over just as it did."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()
+            else:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot changes hands: `free` stays
+                return
+        self.free += 1
+
+
 class Http1Client:
     """Requests to one backend's origins over keep-alive connections (one pool per origin).
 
@@ -573,7 +616,7 @@ class Http1Client:
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
         # One slot per connection in use (held from request to release).
-        self._slots = asyncio.Semaphore(max(max_connections, 1))
+        self._slots = _Slots(max(max_connections, 1))
         # Per origin (scheme, host, port), or (scheme, host, port, address) for an address.
         self._pools: dict[tuple[str, ...], _Pool] = {}
         # Per URL: (origin key, request-line prefix, Host header) computed once.
@@ -646,19 +689,17 @@ class Http1Client:
                 self._prune()
             pool = self._pools[origin] = _Pool(max(self._max_connections, 1), self._keepalive_expiry,
                                                asyncio.get_running_loop().time)
-        if self._slots.locked():
+        if not self._slots.take():  # a free slot is taken at once: no timer, no await
             try:
                 # Bounded: a pool whose every connection is held (by slow or leaked exchanges)
                 # refuses new calls clearly instead of queueing them without end.
                 async with asyncio.timeout(self._connect_timeout):
-                    await self._slots.acquire()
+                    await self._slots.wait()
             except TimeoutError:
                 raise rpc.gateway_overloaded(
                     f"all {self._max_connections} connections to backend {self.backend!r} are in use",
                     limit="backends[].max_connections", data={"backend": self.backend}, request_id=request_id,
                 ) from None
-        else:
-            await self._slots.acquire()  # a free slot: taken at once, no timer armed
         connection = None if _fresh else pool.get()
         if connection is None:
             try:

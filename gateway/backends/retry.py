@@ -42,7 +42,7 @@ class RetryBudget:
     every retry withdraws one; `min_per_second` tokens are granted per second on top, so a
     backend with little traffic can still be retried."""
 
-    __slots__ = ("ratio", "min_per_second", "_balance", "_reserve", "_refilled")
+    __slots__ = ("ratio", "min_per_second", "_balance", "_reserve", "_refilled", "full")
 
     # The most tokens calls can bank: a long quiet spell does not save up a retry storm.
     _MAX_BALANCE = 100.0
@@ -53,14 +53,22 @@ class RetryBudget:
         self._balance = 0.0
         self._reserve = min_per_second
         self._refilled = time.monotonic()
+        # At the bound, where a backend that is not retried stays: a deposit changes nothing,
+        # and the dispatcher skips it (one call less per request).
+        self.full = False
 
     def deposit(self) -> None:
         balance = self._balance + self.ratio
-        self._balance = balance if balance < self._MAX_BALANCE else self._MAX_BALANCE
+        if balance < self._MAX_BALANCE:
+            self._balance = balance
+        else:
+            self._balance = self._MAX_BALANCE
+            self.full = True
 
     def withdraw(self) -> bool:
         if self._balance >= 1.0:
             self._balance -= 1.0
+            self.full = False
             return True
         now = time.monotonic()
         self._reserve = min(self.min_per_second, self._reserve + (now - self._refilled) * self.min_per_second)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -24,8 +23,6 @@ from gateway.observability.logs import AccessLog
 from gateway.observability.metrics import METHOD_LABELS
 from gateway.observability.record import CURRENT, RequestRecord, new_request_id, request_id_from
 
-# Error answers are decoded for their JSON-RPC code only when small (they always are).
-_MAX_ERROR_BODY = 64 * 1024
 # Combinations of a record's raw values remembered with their metric children and access line
 # shape (`_finish`).
 _MAX_RECORD_KEYS = 4096
@@ -60,7 +57,7 @@ class RequestTelemetry:
         given_id = headers.get("x-request-id")
         request_id = new_request_id() if given_id is None else request_id_from(given_id)
         era = "modern" if header_method is not None else "legacy"
-        record = RequestRecord(request_id, time.perf_counter(), era, scope)
+        record = RequestRecord(request_id, time.perf_counter(), era, scope, send)
         if header_method is not None:
             # metrics.method_label, inline (once per request)
             record.method = header_method if header_method in METHOD_LABELS else metrics.OTHER
@@ -69,29 +66,10 @@ class RequestTelemetry:
                 record.transport = "sse"
             record.version = headers.get("mcp-protocol-version")
             receive = self._peek(record, receive)
-        error_body: list[bytes] | None = None
-
-        def send_noting(message: asgi.Message) -> Awaitable[None]:
-            # A plain function handing back the server's own awaitable: an `async def` here
-            # would make one more coroutine per message sent (bench/README.md "Third round").
-            nonlocal error_body
-            if message["type"] == "http.response.start":
-                record.status = status = message["status"]
-                echoed = (b"x-request-id", record.request_id.encode())
-                message["headers"] = [*message.get("headers", ()), echoed]
-                if status >= 400 and record.code is None:
-                    error_body = []
-            elif error_body is not None and message["type"] == "http.response.body":
-                error_body.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    _note_error_body(record, b"".join(error_body))
-                    error_body = None
-            return send(message)
-
         token = CURRENT.set(record)
         _in_flight.own += 1
         try:
-            await self.app(scope, receive, send_noting)
+            await self.app(scope, receive, record.send_noting)
         finally:
             _in_flight.own -= 1
             record.finished = True
@@ -218,14 +196,3 @@ def _note_body(record: RequestRecord, body: bytes) -> None:
         version = params.get("protocolVersion")
         if record.method == "initialize" and isinstance(version, str):
             record.version = version
-
-
-def _note_error_body(record: RequestRecord, body: bytes) -> None:
-    if record.code is not None or not body or len(body) > _MAX_ERROR_BODY or body[:1] != b"{":
-        return
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return
-    if isinstance(message, dict):
-        record.note_answer(message)

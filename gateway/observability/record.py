@@ -11,8 +11,11 @@ from __future__ import annotations
 import contextvars
 import os
 import re
+from collections.abc import Awaitable, Callable, MutableMapping
 from itertools import count
 from typing import Any
+
+import orjson
 
 # A client's X-Request-Id is taken when it is short and plain (letters, digits and `-_.:/+=`),
 # else replaced: it goes into logs, spans and upstream headers, so it must not carry a line
@@ -22,11 +25,11 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 # Generated ids: this process's random prefix and a counter, unique across a fleet's replicas
 # without a random draw per request.
 _PREFIX = os.urandom(6).hex()
-_counter = count(1)
-
-
-def new_request_id() -> str:
-    return f"{_PREFIX}-{next(_counter):x}"
+# `new_request_id()` is `f"{_PREFIX}-{n:x}"` for n = 1, 2, ...: the next item of a map over a
+# counter, so that making an id runs in C (str.format), with no Python frame per request.
+new_request_id: Callable[[], str] = map(f"{_PREFIX}-{{:x}}".format, count(1)).__next__
+# Error answers are decoded for their JSON-RPC code only when small (they always are).
+_MAX_ERROR_BODY = 64 * 1024
 
 
 def request_id_from(header: str | None) -> str:
@@ -72,31 +75,66 @@ class RequestRecord:
     finished = False
     noted = False                   # a call was noted (the first dispatch of the request)
 
-    def __init__(self, request_id: str, started: float, era: str, scope: dict[str, Any]) -> None:
+    def __init__(self, request_id: str, started: float, era: str, scope: dict[str, Any],
+                 send: Callable[[MutableMapping[str, Any]], Awaitable[None]] | None = None) -> None:
         self.request_id = request_id
         self.started = started
         self.era = era                  # the client's: modern, legacy
         self.scope = scope              # the ASGI scope (client address, HTTP version)
         self.noted = self.finished = False
         self.backend = self.code = self.cache = self.subject = None
+        # The server's `send`, which `send_noting` wraps (the telemetry step hands the app the
+        # record's bound method: no closure and cells made per request).
+        self.downstream = send
+        self.error_body: list[bytes] | None = None  # an error answer's body, while it arrives
+
+    def send_noting(self, message: MutableMapping[str, Any]) -> Awaitable[None]:
+        """The app's `send`: notes the answer's status (and an error answer's JSON-RPC code from
+        its body) and echoes the request id. A plain method handing back the server's own
+        awaitable: an `async def` would make one more coroutine per message sent."""
+        if message["type"] == "http.response.start":
+            self.status = status = message["status"]
+            message["headers"] = [*message.get("headers", ()), (b"x-request-id", self.request_id.encode())]
+            if status >= 400 and self.code is None:
+                self.error_body = []
+        elif self.error_body is not None and message["type"] == "http.response.body":
+            self.error_body.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                body, self.error_body = b"".join(self.error_body), None
+                self._note_error_body(body)
+        return self.downstream(message)  # type: ignore[misc]
+
+    def _note_error_body(self, body: bytes) -> None:
+        if self.code is not None or not body or len(body) > _MAX_ERROR_BODY or body[:1] != b"{":
+            return
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(message, dict):
+            self.note_answer(message)
 
     def note_answer(self, message: dict[str, Any] | None) -> None:
         """The JSON-RPC outcome of the final answer: its error, or isError/resultType."""
         if message is None:
             return
-        error = message.get("error")
-        if isinstance(error, dict):
-            self.code = error.get("code") if type(error.get("code")) is int else None
-            if self.code is None:
-                self.code = -32603
-            msg = error.get("message")
-            self.message = msg if isinstance(msg, str) else None
-            return
         result = message.get("result")
-        if isinstance(result, dict):
-            self.tool_error = result.get("isError") is True
-            rtype = result.get("resultType")
-            self.result_type = rtype if rtype in ("complete", "input_required", "task") else None
+        # A result object and no "error" at all (most answers) goes straight to the result's
+        # reading; anything else is read as it always was: an error object first.
+        if type(result) is not dict or "error" in message:
+            error = message.get("error")
+            if isinstance(error, dict):
+                self.code = error.get("code") if type(error.get("code")) is int else None
+                if self.code is None:
+                    self.code = -32603
+                msg = error.get("message")
+                self.message = msg if isinstance(msg, str) else None
+                return
+            if not isinstance(result, dict):
+                return
+        self.tool_error = result.get("isError") is True
+        rtype = result.get("resultType")
+        self.result_type = rtype if rtype in ("complete", "input_required", "task") else None
 
 
 CURRENT: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("mcp_gateway_request", default=None)

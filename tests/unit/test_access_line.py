@@ -100,6 +100,19 @@ def test_client_request_ids_that_would_need_escaping_are_never_taken():
     assert orjson.dumps(allowed) == b'"%s"' % allowed.encode() and len(allowed) == 62 + len("._:/+=-")
 
 
+def test_generated_request_ids_are_the_process_prefix_and_a_hex_counter_taken_as_they_are():
+    # record.new_request_id is a C-level iterator's `__next__` (no Python frame per request):
+    # still this process's prefix, a dash and the next counter value in hex, unique, and plain
+    # enough for the encoder and for request_id_from.
+    from gateway.observability import record
+
+    ids = [record.new_request_id() for _ in range(300)]
+    prefix, first = ids[0].rsplit("-", 1)
+    assert prefix == record._PREFIX and len(prefix) == 12
+    assert ids == [f"{prefix}-{int(first, 16) + n:x}" for n in range(300)]
+    assert all(request_id_from(rid) == rid for rid in ids)
+
+
 def test_lines_written_through_the_end_of_a_request_are_the_same(log, frozen_clock, monkeypatch):
     """RequestTelemetry keeps each line's shape with the record's metric children (one lookup
     for both): the lines it has written are the reference's, remembered or past the limit."""

@@ -664,3 +664,58 @@ async def test_answer_headers_lower_case_names_keep_the_first_of_a_repeated_one_
     plain = ("application/json", None, ["content-length", "content-type"])
     stream = ("text/event-stream", None, ["content-length", "content-type"])
     assert seen == [first, plain, stream] * 2
+
+
+async def test_the_connection_slots_behave_as_the_semaphore_they_replace() -> None:
+    """http1 `_Slots` (a free slot taken without a coroutine): the same grants, in the same
+    order, as an asyncio.Semaphore of that size for a script of takes, waits, releases and
+    waiters that give up, a slot handed over just as its waiter gave up included."""
+    from gateway.backends.http1 import _Slots
+
+    async def run(kind: str) -> list[str]:
+        seen: list[str] = []
+        slots = _Slots(2) if kind == "slots" else asyncio.Semaphore(2)
+
+        async def caller(name: str, hold: float) -> None:
+            if kind == "slots":
+                if not slots.take():
+                    await slots.wait()
+            else:
+                await slots.acquire()
+            seen.append(f"+{name}")
+            await asyncio.sleep(hold)
+            seen.append(f"-{name}")
+            slots.release()
+
+        tasks = {n: asyncio.create_task(caller(n, h)) for n, h in
+                 [("a", 0.05), ("b", 0.2), ("c", 0.05), ("d", 0.05), ("e", 0.05)]}
+        await asyncio.sleep(0.01)
+        tasks["d"].cancel()  # gives up while waiting: never granted, nothing lost
+        await asyncio.sleep(0.035)  # a's slot goes to c (the oldest waiter)
+        tasks["e"].cancel()  # cancelled as the slot may be changing hands: passed on, not lost
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        late = asyncio.create_task(caller("f", 0))
+        await late
+        free = slots.free if kind == "slots" else slots._value
+        return seen + [f"free={free}"]
+
+    assert await run("slots") == await run("semaphore")
+    assert (await run("slots"))[-1] == "free=2"
+
+
+async def test_a_slot_handed_to_a_waiter_that_gives_up_is_passed_on() -> None:
+    from gateway.backends.http1 import _Slots
+
+    slots = _Slots(1)
+    assert slots.take() and not slots.take()
+    first = asyncio.create_task(slots.wait())
+    second = asyncio.create_task(slots.wait())
+    await asyncio.sleep(0)
+    slots.release()  # handed to `first`...
+    first.cancel()  # ...which gives up before it runs: `second` gets it
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(second, 1)
+    assert slots.free == 0
+    slots.release()
+    assert slots.free == 1 and slots.take()

@@ -114,3 +114,22 @@ def test_backoff_is_jittered_exponential_and_capped():
         waits = [retry.backoff(settings, attempt) for _ in range(200)]
         assert all(0 <= w <= ceiling for w in waits)
         assert max(waits) > ceiling * 0.7  # jittered across the range, not fixed
+
+
+def test_a_full_budget_says_so_and_skipping_its_deposit_keeps_the_same_balance():
+    # The dispatcher skips `deposit` while `full` (dispatch.py `_send`): over deposits past the
+    # bound and withdrawals below it, that must leave every balance as depositing always does.
+    always, skipping = retry.RetryBudget(50, 0), retry.RetryBudget(50, 0)
+    script = ["deposit"] * 230 + ["withdraw"] * 3 + ["deposit"] * 10 + ["withdraw"] * 150 + ["deposit"] * 400
+    fulls = []
+    for step in script:
+        if step == "deposit":
+            always.deposit()
+            if not skipping.full:
+                skipping.deposit()
+        else:
+            assert always.withdraw() == skipping.withdraw()
+        assert always._balance == skipping._balance
+        fulls.append(skipping.full)
+        assert skipping.full == (skipping._balance >= retry.RetryBudget._MAX_BALANCE)
+    assert True in fulls and False in fulls  # the script reaches the bound and leaves it

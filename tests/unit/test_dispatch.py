@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.backends.base import internal_call
+from gateway.backends.base import Reply, internal_call
 from gateway.dispatch import Dispatcher, modernize
 from gateway.protocol import jsonrpc as rpc
 from gateway.protocol.request import Call, parse_call
@@ -183,6 +183,35 @@ def test_modernize_refuses_result_types_the_call_cannot_take(method, params, res
     assert caught.value.code == rpc.BACKEND_PROTOCOL_ERROR and caught.value.data == {"backend": "a"}
 
 
+async def test_a_whole_answer_forwarded_is_what_modernize_makes_of_it():
+    """`_forward` passes a `"resultType": "complete"` answer on without calling `modernize`:
+    for every kind of answer the reply is modernize's (the same object when it keeps it), or
+    the same refusal."""
+    a = tool_backend("a", ["t"])
+    dispatcher = await fleet(a)
+    answers_ = [{"content": [], "resultType": "complete"}, {"content": []}, {"content": [], "resultType": "task"},
+                {"content": [], "resultType": "surprise"}, {"content": [], "resultType": "input_required"},
+                {"error": {"code": rpc.LEGACY_RESOURCE_NOT_FOUND, "message": "gone"}},
+                {"error": {"code": -32000, "message": "no"}}, {"result": "done"}]
+    for answer in answers_:
+        message = {"jsonrpc": "2.0", "id": 5, **answer} if "error" in answer or "result" in answer else {
+            "jsonrpc": "2.0", "id": 5, "result": answer}
+        a.handler = lambda call, message=message: Reply("a", message=message)
+        call = request("tools/call", name="a__t", arguments={})
+        try:
+            expected: Any = modernize(message, call, "a")
+        except rpc.McpError as exc:
+            expected = exc
+        try:
+            got: Any = (await dispatcher.dispatch(call)).message
+        except rpc.McpError as exc:
+            got = exc
+        if isinstance(expected, rpc.McpError):
+            assert isinstance(got, rpc.McpError) and (got.code, got.message) == (expected.code, expected.message)
+        else:
+            assert got == expected and (got is message) == (expected is message), answer
+
+
 def test_modernize_refuses_an_answer_with_neither_result_nor_error_object():
     with pytest.raises(rpc.McpError) as caught:
         modernize({"jsonrpc": "2.0", "id": 5, "result": "done"}, request("tools/list"), "a")
@@ -221,6 +250,64 @@ async def test_a_call_is_counted_in_flight_until_its_stream_ends_or_is_dropped_u
     await dropped.aclose()
     await dropped.aclose()
     assert a.in_flight == 0, "a stream dropped unread is no longer under way, and counted down once"
+
+
+async def test_a_whole_answer_or_a_failure_is_counted_in_flight_only_while_under_way():
+    """`_forward` counts a whole answer itself (no _UnderWay object): it is uncounted once the
+    answer is in, when the backend fails, and when the answer is not a valid modern one."""
+    a = tool_backend("a", ["t"])
+    dispatcher = await fleet(a)
+    seen: list[int] = []
+
+    def answer(call: Call) -> dict[str, Any]:
+        seen.append(a.in_flight)
+        return {"content": [], "resultType": "complete"}
+
+    a.handler = answers({"tools/call": answer})
+    await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert seen == [1] and a.in_flight == 0
+    a.handler = answers({"tools/call": lambda call: {"content": [], "resultType": "bogus"}})
+    with pytest.raises(rpc.McpError):
+        await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 0
+    a.handler = answers({})  # method not found: the backend's own error, a whole answer too
+    await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 0
+
+    def unreachable(call: Call) -> dict[str, Any]:
+        raise rpc.backend_unavailable("a", "connection refused", call.id)
+
+    a.handler = unreachable
+    with pytest.raises(rpc.McpError):
+        await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+    assert a.in_flight == 0
+
+
+async def test_a_success_through_the_dispatcher_resets_its_endpoint_only_when_whole_calls_report():
+    """`_send` reports a success to `health.single` itself (BackendHealth.succeeded, inline): a
+    success after failures puts the one endpoint's count back to 0, as `succeeded()` does, and
+    once the backend reports per endpoint the dispatcher's success changes nothing."""
+    a = tool_backend("a", ["t"], health={"consecutive_failures": 10})
+    dispatcher = await fleet(a)
+    ok = a.handler
+
+    def unreachable(call: Call) -> dict[str, Any]:
+        raise rpc.backend_unavailable("a", "connection refused", call.id)
+
+    endpoint = a.health.endpoints[0]
+    for per_endpoint in (False, True):
+        if per_endpoint:
+            a.health.reported_per_endpoint()
+            endpoint.failures = 2  # what the backend itself reported of that endpoint (still up)
+        else:
+            a.handler = unreachable
+            for _ in range(2):
+                with pytest.raises(rpc.McpError):
+                    await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+            assert endpoint.failures >= 2 and endpoint.up is False  # (retries are failures too)
+        a.handler = ok
+        await dispatcher.dispatch(request("tools/call", name="a__t", arguments={}))
+        assert (endpoint.failures, endpoint.up) == ((2, True) if per_endpoint else (0, True))
 
 
 async def test_a_stream_that_ends_without_a_response_is_a_protocol_error():

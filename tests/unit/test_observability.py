@@ -33,6 +33,42 @@ def test_the_record_reads_errors_is_error_and_result_types():
     assert _record().code is None and _record().tool_error is False
 
 
+def _reference_note_answer(record: RequestRecord, message: dict | None) -> None:
+    """`note_answer` as it read every answer before its shortcut for a plain result."""
+    if message is None:
+        return
+    error = message.get("error")
+    if isinstance(error, dict):
+        record.code = error.get("code") if type(error.get("code")) is int else -32603
+        record.message = error.get("message") if isinstance(error.get("message"), str) else None
+        return
+    result = message.get("result")
+    if isinstance(result, dict):
+        record.tool_error = result.get("isError") is True
+        rtype = result.get("resultType")
+        record.result_type = rtype if rtype in ("complete", "input_required", "task") else None
+
+
+class _Result(dict):
+    pass
+
+
+def test_the_records_shortcut_for_a_plain_result_reads_every_answer_as_before():
+    fields = ("code", "message", "tool_error", "result_type")
+    results = [{"resultType": "complete"}, {"isError": True, "resultType": "task"}, {"resultType": ["x"]},
+               {"isError": 1, "resultType": "input_required"}, {}, _Result(isError=True, resultType="complete"),
+               "done", None, [1]]
+    errors = [{"code": -32602, "message": "bad"}, {"code": "x", "message": 3}, "bad", None, [1]]
+    messages: list[dict | None] = [None, {}, {"jsonrpc": "2.0", "id": 1}]
+    messages += [{"result": r} for r in results] + [{"error": e} for e in errors]
+    messages += [{"result": r, "error": e} for r in results for e in errors]
+    for message in messages:
+        got, expected = _record(), _record()
+        got.note_answer(message)
+        _reference_note_answer(expected, message)
+        assert [getattr(got, f) for f in fields] == [getattr(expected, f) for f in fields], message
+
+
 def test_json_log_lines_carry_the_request_id_and_nothing_multiline():
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
