@@ -166,9 +166,10 @@ async def main_async(args: argparse.Namespace, backend_url: str) -> list[float]:
         await task
 
 
-def bench_backend(port: int, mode: str = "modern") -> subprocess.Popen[bytes]:
-    """bench/backend.py (50 tools, ttlMs 60 s) on `port`, pinned to CPU 0, once it accepts."""
-    pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) >= 2 else []
+def bench_backend(port: int, mode: str = "modern", pinned: bool = True) -> subprocess.Popen[bytes]:
+    """bench/backend.py (50 tools, ttlMs 60 s) on `port`, once it accepts; pinned to CPU 0 unless
+    `pinned` is false (the scheduler places it, as bench/instructions.py and paired_cpu.py run it)."""
+    pin = ["taskset", "-c", "0"] if pinned and (os.cpu_count() or 1) >= 2 else []
     backend = subprocess.Popen([*pin, sys.executable, str(BENCH / "backend.py"), "--port", str(port),
                                 "--mode", mode, "--tools", "50", "--ttl-ms", "60000"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -35,12 +35,10 @@ import asyncio
 import gc
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -165,19 +163,12 @@ def main() -> int:
     if args.inner:
         _inner(args.inner, args.requests, args.option, args.port, args.callers)
         return 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    backend = subprocess.Popen([sys.executable, str(BENCH / "backend.py"), "--port", str(port), "--mode", "modern",
-                                "--tools", "50", "--ttl-ms", "60000"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    from inprocess import bench_backend
+    from run import free_port
+
+    port = free_port()
+    backend = bench_backend(port, pinned=False)
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
         counts: dict[str, list[float]] = {}
         for repeat in range(args.repeat):  # trees interleaved: a drift in the machine hits all alike
             for spec in args.tree:

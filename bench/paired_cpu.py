@@ -25,7 +25,6 @@ import gc
 import math
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -156,20 +155,13 @@ def main() -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    backend = subprocess.Popen([sys.executable, str(BENCH / "backend.py"), "--port", str(port), "--mode", "modern",
-                                "--tools", "50", "--ttl-ms", "60000"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    from inprocess import bench_backend
+    from run import free_port
+
+    port = free_port()
+    backend = bench_backend(port, pinned=False)
     trees: list[_Tree] = []
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
         trees = [_Tree(spec, port, args) for spec in args.tree]
         print(f"load before: {os.getloadavg()[0]:.2f}; {args.pairs} blocks of A B B A, {args.requests:,} requests "
               f"per round, {args.callers} callers", flush=True)
