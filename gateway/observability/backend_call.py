@@ -216,18 +216,9 @@ def _new_children(key: tuple[Any, ...], backend: Any) -> tuple[loop_metrics.Even
 def answered(backend: Any, call: Any, tool: str, started: float, message: Any) -> None:
     """An untraced call's whole answer, counted as `BackendCall(backend, call, tool).sent(message)`
     counts it, without the object (dispatch.py `_send`): most calls, and an object per call
-    with its attribute writes and a method call per step was a measurable share of each. What
-    `_count` does, inline: one call less per request."""
+    with its attribute writes and a method call per step was a measurable share of each."""
     seconds = time.perf_counter() - started
     method = call.method
     outcome, label = _outcome(message)[:2]
-    key = (backend.name, method if method in metrics.METHOD_LABELS else metrics.OTHER, outcome, label, call.version,
-           tool, True)
-    children = _children.get(key)
-    if children is None:
-        children = _new_children(key, backend)
-    event = children[0]
-    event.counts[bisect_left(event.bounds, seconds)] += 1
-    event.sum += seconds
-    if otel_metrics.client_duration is not None:
-        otel_metrics.client_duration.record(seconds, children[1])
+    _count(backend, method if method in metrics.METHOD_LABELS else metrics.OTHER, call.version, tool, outcome, label,
+           seconds, True)
